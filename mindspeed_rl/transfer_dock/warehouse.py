@@ -1,0 +1,46 @@
+"""The cells this rank physically holds: a column store of variable-length rows.
+
+Each cell is one tensor (``[num_tokens]`` for token ids or log-probs, ``[]`` for a
+per-row scalar), stored exactly as put: no padding at rest. Which rank holds a
+cell is decided by the controller; the warehouse only stores and hands out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Warehouse:
+    """This rank's cells: ``column -> row -> tensor``."""
+
+    def __init__(self) -> None:
+        self._cells: dict[str, dict[int, torch.Tensor]] = {}
+
+    def write(self, column: str, row: int, tensor: torch.Tensor) -> None:
+        """Store one cell (the tensor itself, not a copy)."""
+        self._cells.setdefault(column, {})[row] = tensor
+
+    def read(self, column: str, row: int) -> torch.Tensor:
+        """The stored tensor of one cell; raises KeyError naming the cell if absent."""
+        try:
+            return self._cells[column][row]
+        except KeyError:
+            raise KeyError(f"this rank's warehouse does not hold column {column!r} of row {row}") \
+                from None
+
+    def holds(self, column: str, row: int) -> bool:
+        return row in self._cells.get(column, {})
+
+    @property
+    def num_cells(self) -> int:
+        return sum(len(rows) for rows in self._cells.values())
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes held at rest (payload only)."""
+        return sum(t.numel() * t.element_size() for rows in self._cells.values()
+                   for t in rows.values())
+
+    def clear(self) -> None:
+        """Drop every cell (next iteration)."""
+        self._cells.clear()

@@ -1,0 +1,263 @@
+"""Multi-process TransferDock tests (gloo, 2 and 4 ranks).
+
+One spawned run per world size replays a small GRPO-shaped iteration in both
+modes and returns what every rank put and received; the parent then checks the
+invariants on the whole picture: every row reaches every consumer exactly once
+(hashes of every cell), TP peers see identical batches, token balance is within
+one row (or group) of greedy, and both modes deliver identical data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import torch
+import torch.distributed as dist
+
+from mindspeed_rl.testing.multiprocess import run_on_ranks
+from mindspeed_rl.transfer_dock import (ConsumerLayout, TransferDockError,
+                                        TransferDockTimeoutError, build_transfer_dock)
+from mindspeed_rl.transfer_dock.assignment import greedy_balance, token_spread, tokens_per_bin
+
+GROUP = 2  # n_samples_per_prompt
+ROLLOUT_COLUMNS = ["prompt_ids", "response_ids", "logprobs_rollout", "rewards"]
+UPDATE_COLUMNS = ROLLOUT_COLUMNS + ["logprobs_old", "logprobs_ref", "advantages"]
+
+
+def _hash(t: torch.Tensor) -> str:
+    data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode() + data).hexdigest()[:16]
+
+
+def _logprobs_old(response_ids: torch.Tensor) -> torch.Tensor:
+    return response_ids.to(torch.float32) * 0.5 - 1.0  # [num_tokens]
+
+
+def _logprobs_ref(response_ids: torch.Tensor) -> torch.Tensor:
+    return -response_ids.to(torch.float32) / 7.0  # [num_tokens]
+
+
+def _rollout(rank: int, num_groups: int, seed: int) -> dict[str, list[torch.Tensor]]:
+    """Variable-length rows, deterministic per (rank, seed)."""
+    gen = torch.Generator().manual_seed(seed * 100 + rank)
+    cols: dict[str, list[torch.Tensor]] = {c: [] for c in ROLLOUT_COLUMNS}
+    for _ in range(num_groups * GROUP):
+        p_len = int(torch.randint(1, 12, (1,), generator=gen))
+        r_len = int(torch.randint(1, 40, (1,), generator=gen))
+        cols["prompt_ids"].append(torch.randint(0, 1000, (p_len,), generator=gen))
+        cols["response_ids"].append(torch.randint(0, 1000, (r_len,), generator=gen))
+        cols["logprobs_rollout"].append(-torch.rand(r_len, generator=gen))
+        cols["rewards"].append(torch.rand((), generator=gen))  # per-row scalar, shape []
+    return cols
+
+
+def _record(log: list, consumer: str, call: int, dp: int | None, batch) -> None:
+    if batch is None:
+        return
+    log.append({"consumer": consumer, "call": call, "dp": dp, "rows": list(batch.rows),
+                "tokens": list(batch.token_lengths),
+                "hashes": {c: [_hash(t) for t in cells] for c, cells in batch.columns.items()}})
+
+
+def _iteration(mode: str, world: int, groups_per_rank: list[int], seed: int) -> dict:
+    rank = dist.get_rank()
+    dock = build_transfer_dock(mode, timeout_s=60)
+    log: list = []
+    tp = 2
+    train_layout = ConsumerLayout.megatron(world, tensor_model_parallel_size=tp)
+    my_dp_train = rank // tp
+    # DP groups as a trainer would have them (TP peers differ in DP group).
+    dp_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
+    my_dp_group = dp_groups[rank % tp]
+
+    # 1. rollout on generation-DP ranks (uneven rows per rank).
+    cols = _rollout(rank, groups_per_rank[rank], seed)
+    rows = dock.put(cols, num_rows_per_group=GROUP)
+    produced = {r: {c: _hash(cols[c][i]) for c in ROLLOUT_COLUMNS} for i, r in enumerate(rows)}
+    num_rows = dock.num_rows
+    assert num_rows == GROUP * sum(groups_per_rank)
+
+    # 2. old log-probs: TP=2 consumer, two mini-batch gets; all TP peers put back.
+    per_dp = num_rows // train_layout.num_dp_ranks // 2
+    for call in range(2):
+        batch = dock.get("actor_logprobs", ["prompt_ids", "response_ids"], per_dp, train_layout)
+        _record(log, "actor_logprobs", call, my_dp_train, batch)
+        dock.put({"logprobs_old": [_logprobs_old(t) for t in batch["response_ids"]]},
+                 rows=batch.rows)
+
+    # 3. ref log-probs: same layout given as real DP process groups; only TP rank 0 puts.
+    batch = dock.get("ref_logprobs", ["response_ids"], num_rows // train_layout.num_dp_ranks,
+                     my_dp_group)
+    _record(log, "ref_logprobs", 0, my_dp_train, batch)
+    if rank % tp == 0:
+        dock.put({"logprobs_ref": [_logprobs_ref(t) for t in batch["response_ids"]]},
+                 rows=batch.rows)
+    else:
+        dock.put({})
+
+    # 4. advantages: every rank its own DP rank, whole groups (GRPO).
+    batch = dock.get("advantages", ["rewards"], num_rows // world, whole_groups=True)
+    _record(log, "advantages", 0, rank, batch)
+    rewards = torch.stack(batch["rewards"]).view(-1, GROUP)  # [num_groups, GROUP]
+    adv = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)
+    dock.put({"advantages": list(adv.reshape(-1).unbind())}, rows=batch.rows)
+
+    # 5. update: uneven DP layout (last DP rank has two peers), then the remainder.
+    uneven = (ConsumerLayout(((0,), (1,), (2, 3))) if world == 4
+              else ConsumerLayout(((0,), (1,))))
+    per_dp = num_rows // uneven.num_dp_ranks
+    batch = dock.get("actor_update", UPDATE_COLUMNS, per_dp, uneven)
+    my_dp = next((d for d, rs in enumerate(uneven.ranks_per_dp_rank) if rank in rs), None)
+    _record(log, "actor_update", 0, my_dp, batch)
+    remainder = num_rows - per_dp * uneven.num_dp_ranks
+    last = ConsumerLayout(((world - 1,),))
+    tail = dock.get("actor_update", UPDATE_COLUMNS, remainder, last)
+    _record(log, "actor_update", 1, 0 if rank == world - 1 else None, tail)
+    checks_ok = True
+    for b in (batch, tail):
+        if b is not None:
+            for resp, lp_old, lp_ref in zip(b["response_ids"], b["logprobs_old"],
+                                            b["logprobs_ref"]):
+                checks_ok &= torch.equal(lp_old, _logprobs_old(resp))
+                checks_ok &= torch.equal(lp_ref, _logprobs_ref(resp))
+
+    # 6. gets that can never be satisfied fail on every rank alike, and leave the
+    #    dock usable.
+    errors = []
+    for consumer, columns, n in [("actor_update", ["response_ids"], 1),
+                                 ("critic_values", ["values"], 1),
+                                 ("greedy", ["response_ids"], num_rows + 1)]:
+        try:
+            dock.get(consumer, columns, n, ConsumerLayout(((0,),)))
+        except TransferDockError as e:
+            errors.append(str(e))
+    metrics = dock.metrics.as_dict()
+    held_bytes = dock.warehouse.num_bytes
+
+    # 7. next iteration: ids restart, consumers may take again.
+    dock.clear()
+    again = dock.put({"response_ids": [torch.arange(3) + rank]})
+    got = dock.get("actor_logprobs", ["response_ids"], 1)
+    second = (again, got.rows, got["response_ids"][0].tolist())
+    return {"produced": produced, "log": log, "checks_ok": bool(checks_ok), "errors": errors,
+            "metrics": metrics, "held_bytes": held_bytes, "second": second}
+
+
+def _both_modes(groups_per_rank: list[int], seed: int) -> dict:
+    world = dist.get_world_size()
+    return {mode: _iteration(mode, world, groups_per_rank, seed)
+            for mode in ("distributed", "centralized")}
+
+
+def _check_mode(results: list[dict], world: int) -> None:
+    produced = {}
+    for r in results:
+        produced.update(r["produced"])
+    num_rows = len(produced)
+    assert all(r["checks_ok"] for r in results), "results put back did not come back intact"
+
+    by_call: dict[tuple[str, int], dict[int, list[dict]]] = {}
+    for r in results:
+        for entry in r["log"]:
+            by_call.setdefault((entry["consumer"], entry["call"]), {}).setdefault(
+                entry["dp"], []).append(entry)
+    delivered: dict[str, list[int]] = {}
+    for (consumer, call), per_dp in by_call.items():
+        for dp, entries in per_dp.items():
+            # All TP/PP peers of a DP rank received the identical batch.
+            first = entries[0]
+            assert all(e["rows"] == first["rows"] and e["hashes"] == first["hashes"]
+                       for e in entries), (consumer, call, dp)
+            delivered.setdefault(consumer, []).extend(first["rows"])
+            for c, hashes in first["hashes"].items():
+                if c in produced[0]:
+                    assert hashes == [produced[row][c] for row in first["rows"]], (consumer, c)
+        # Balance: within one unit (row, or group for whole-group gets) of greedy.
+        batches = [per_dp[d][0] for d in sorted(per_dp)]
+        if len(batches) > 1:
+            whole = consumer == "advantages"
+            lengths_per_dp = []
+            for b in batches:
+                toks = b["tokens"]
+                if whole:
+                    assert all(b["rows"][i] // GROUP == b["rows"][i + 1] // GROUP
+                               for i in range(0, len(toks), GROUP)), "group split"
+                    toks = [sum(toks[i:i + GROUP]) for i in range(0, len(toks), GROUP)]
+                lengths_per_dp.append(toks)
+            units = [x for toks in lengths_per_dp for x in toks]
+            ref = tokens_per_bin(units, greedy_balance(units, len(batches),
+                                                       len(lengths_per_dp[0])))
+            got = [sum(t) for t in lengths_per_dp]
+            assert token_spread(got) <= token_spread(ref) + max(units), (consumer, got, ref)
+    for consumer in ("actor_logprobs", "ref_logprobs", "advantages", "actor_update"):
+        assert sorted(delivered[consumer]) == list(range(num_rows)), consumer  # exactly once
+
+    errors = results[0]["errors"]
+    assert all(r["errors"] == errors for r in results)
+    assert len(errors) == 3
+    assert "'actor_update'" in errors[0] and f"already taken by 'actor_update': {num_rows}" \
+        in errors[0]
+    assert "'critic_values'" in errors[1] and "'values': 0 ready" in errors[1]
+    assert "'greedy'" in errors[2] and f"= {num_rows + 1} rows" in errors[2] \
+        and f"only {num_rows}" in errors[2]
+    assert [r["second"] for r in results][0][1] == [0]
+    assert results[world - 1]["second"][0] == [world - 1]
+
+
+def _check_world(results: list[dict], world: int) -> None:
+    for mode in ("distributed", "centralized"):
+        _check_mode([r[mode] for r in results], world)
+    # Both modes deliver identical batches (same rows to the same DP ranks, same bytes).
+    for r in results:
+        assert r["distributed"]["log"] == r["centralized"]["log"]
+    cent = [r["centralized"] for r in results]
+    dist_ = [r["distributed"] for r in results]
+    # Centralized: every cell at rest is on rank 0; distributed: spread out.
+    assert all(c["held_bytes"] == 0 for c in cent[1:]) and cent[0]["held_bytes"] > 0
+    assert all(d["held_bytes"] > 0 for d in dist_)
+    traffic = lambda m: m["row_bytes_sent"] + m["row_bytes_received"]  # noqa: E731
+    assert traffic(dist_[0]["metrics"]) < traffic(cent[0]["metrics"])
+
+
+def test_transfer_dock_two_ranks():
+    results = run_on_ranks(_both_modes, 2, [3, 1], seed=1, timeout=120)
+    _check_world(results, 2)
+
+
+def test_transfer_dock_four_ranks_tp2_uneven():
+    results = run_on_ranks(_both_modes, 4, [3, 1, 2, 2], seed=2, timeout=180)
+    _check_world(results, 4)
+
+
+def _misuse_scenario() -> tuple[str, str]:
+    dock = build_transfer_dock("distributed", timeout_s=3)
+    rank = dist.get_rank()
+    # Ranks calling different dock ops: caught by the call header, on every rank.
+    try:
+        if rank == 0:
+            dock.get("actor_update", ["response_ids"], 1)
+        else:
+            dock.put({"response_ids": [torch.arange(4)]})
+        mismatch = "no error"
+    except TransferDockError as e:
+        mismatch = str(e)
+    # The dock stays usable; then a rank that never arrives bounds the wait.
+    dock.put({"response_ids": [torch.arange(4)]})
+    if rank == 1:
+        time.sleep(8)  # never makes the get: rank 0 must give up, not hang
+        return mismatch, "skipped"
+    start = time.monotonic()
+    try:
+        dock.get("actor_update", ["response_ids"], 1)
+    except TransferDockTimeoutError as e:
+        return mismatch, f"{time.monotonic() - start:.1f}s|{e}"
+    return mismatch, "no error"
+
+
+def test_misuse_fails_clearly_and_timeout_bounds_the_wait():
+    results = run_on_ranks(_misuse_scenario, 2, timeout=60)
+    assert all("ranks disagree on the dock call" in m for m, _ in results), results
+    elapsed, message = results[0][1].split("|", 1)
+    assert float(elapsed[:-1]) < 8, results[0]
+    assert "get for consumer 'actor_update'" in message and "timeout_s=3" in message

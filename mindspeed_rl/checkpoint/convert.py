@@ -1,0 +1,153 @@
+"""Checkpoint conversion: HF <-> megatron distributed checkpoint, and GGUF -> either.
+
+The megatron side is built whole (TP=PP=EP=1) in one process; the distributed
+checkpoint it writes stores global tensors, so it loads at any TP/PP/EP layout.
+Every conversion writes into a temporary directory renamed at the end
+(`staging.staged_output_dir`), so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.checkpoint.gguf import find_gguf_file, gguf_to_hf_dir
+from mindspeed_rl.checkpoint.megatron_dir import (
+    load_megatron_checkpoint, read_meta, save_megatron_checkpoint, write_meta,
+)
+from mindspeed_rl.checkpoint.staging import check_output_dir, staged_output_dir
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _progress(desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return lambda items: tqdm(items, desc=desc, unit="tensor", disable=not enabled, leave=False)
+
+
+@contextlib.contextmanager
+def whole_model_parallel_state(seed: int = 1234) -> Iterator[None]:
+    """A 1-rank gloo group and megatron state with TP=PP=EP=1 (reuses a 1-rank group if present)."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
+    from mindspeed_rl.parallel.layout import ParallelLayout
+    from mindspeed_rl.platform import setup_platform
+
+    setup_platform()
+    owned = not dist.is_initialized()
+    tmp = None
+    if owned:
+        tmp = tempfile.mkdtemp(prefix="msrl_convert_")
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+    elif dist.get_world_size() != 1:
+        raise RuntimeError("checkpoint conversion runs in one process; launch it without torchrun")
+    try:
+        initialize_megatron_parallel(ParallelLayout(world_size=1), seed=seed)
+        try:
+            yield
+        finally:
+            destroy_megatron_parallel()
+    finally:
+        if owned:
+            dist.destroy_process_group()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _hf_dir_to_mg_dir(hf_dir: Path, out_dir: Path, show_progress: bool) -> None:
+    from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, load_hf_weights
+    from mindspeed_rl.models.hf_io import HFCheckpointReader, copy_metadata_files
+    from mindspeed_rl.models.registry import describe_model
+
+    reader = HFCheckpointReader(hf_dir)  # validates config.json and every safetensors header
+    arch = describe_model(reader.config)
+    with whole_model_parallel_state():
+        model = build_gpt_model(arch, build_transformer_config(arch, perform_initialization=False))
+        load_hf_weights(model, arch, reader, progress=_progress("hf -> megatron", show_progress))
+        copy_metadata_files(hf_dir, out_dir)
+        write_meta(out_dir, arch.name, padded_vocab_size=arch.padded_vocab_size, source=str(hf_dir))
+        save_megatron_checkpoint(model, out_dir, iteration=None)
+
+
+def convert_hf_to_mg(hf_dir, save_dir, *, overwrite: bool = False, show_progress: bool = False) -> Path:
+    """HF directory -> megatron checkpoint directory (loads at any TP/PP/EP layout)."""
+    with staged_output_dir(save_dir, overwrite) as out:
+        _hf_dir_to_mg_dir(Path(hf_dir), out, show_progress)
+    return Path(save_dir)
+
+
+def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = "auto",
+                     show_progress: bool = False) -> Path:
+    """Megatron checkpoint directory -> HF directory (config, tokenizer files, safetensors).
+
+    ``dtype="auto"`` writes the dtype config.json names (float32 if none).
+    """
+    from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, hf_tensors_from_model
+    from mindspeed_rl.models.hf_io import copy_metadata_files, load_hf_config, write_safetensors
+    from mindspeed_rl.models.registry import describe_model
+
+    mg_dir = Path(mg_dir)
+    check_output_dir(save_dir, overwrite)
+    meta = read_meta(mg_dir)
+    arch = describe_model(load_hf_config(mg_dir))
+    if arch.name != meta["architecture"]:
+        raise CheckpointError(
+            f"{mg_dir}/config.json describes {arch.name} but the checkpoint was written for "
+            f"{meta['architecture']}"
+        )
+    if dtype == "auto":
+        out_dtype = getattr(arch.hf_config, "dtype", None) or getattr(arch.hf_config, "torch_dtype", None)
+        out_dtype = _DTYPES.get(str(out_dtype).replace("torch.", ""), torch.float32)
+    else:
+        out_dtype = _DTYPES[dtype]
+    with staged_output_dir(save_dir, overwrite) as out:
+        with whole_model_parallel_state():
+            model = build_gpt_model(arch, build_transformer_config(arch, perform_initialization=False))
+            load_megatron_checkpoint(model, mg_dir)
+            tensors = hf_tensors_from_model(model, arch, dtype=out_dtype)
+            if show_progress:
+                total = len(arch.weight_map.all_hf_names())
+                from tqdm import tqdm
+
+                tensors = tqdm(tensors, total=total, desc="megatron -> hf", unit="tensor", leave=False)
+            write_safetensors(out, tensors)
+        copy_metadata_files(mg_dir, out)
+    return Path(save_dir)
+
+
+def convert_gguf(load_dir, save_dir, save_model_type: str, *, gguf_file: str | None = None,
+                 overwrite: bool = False, show_progress: bool = False) -> Path:
+    """GGUF (dequantised by transformers) -> HF directory or megatron checkpoint directory."""
+    path = find_gguf_file(load_dir, gguf_file)
+    with staged_output_dir(save_dir, overwrite) as out:
+        if save_model_type == "hf":
+            gguf_to_hf_dir(path, out)
+        else:
+            with tempfile.TemporaryDirectory(prefix=".gguf-hf-", dir=out) as hf_tmp:
+                gguf_to_hf_dir(path, Path(hf_tmp))
+                _hf_dir_to_mg_dir(Path(hf_tmp), out, show_progress)
+    return Path(save_dir)
+
+
+def convert(load_model_type: str, save_model_type: str, load_dir, save_dir, *,
+            overwrite: bool = False, gguf_file: str | None = None, dtype: str = "auto",
+            show_progress: bool = False) -> Path:
+    """Dispatch on (load type, save type); see tools/convert_ckpt.py."""
+    pair = (load_model_type, save_model_type)
+    if pair == ("hf", "mg"):
+        return convert_hf_to_mg(load_dir, save_dir, overwrite=overwrite, show_progress=show_progress)
+    if pair == ("mg", "hf"):
+        return convert_mg_to_hf(load_dir, save_dir, overwrite=overwrite, dtype=dtype,
+                                show_progress=show_progress)
+    if load_model_type == "gguf" and save_model_type in ("hf", "mg"):
+        return convert_gguf(load_dir, save_dir, save_model_type, gguf_file=gguf_file,
+                            overwrite=overwrite, show_progress=show_progress)
+    raise ValueError(f"cannot convert {load_model_type} -> {save_model_type}; supported: hf->mg, "
+                     "mg->hf, gguf->hf, gguf->mg")

@@ -1,0 +1,205 @@
+"""HF directory -> megatron-core TransformerConfig + layer spec + GPTModel for this rank.
+
+The model is built for the parallel state megatron already holds
+(`mindspeed_rl.parallel.groups.initialize_megatron_parallel`): this rank's TP shard,
+PP stage (pre/post_process) and EP experts. Weights come either from an HF directory
+(`load_hf_weights`, at any layout) or from a megatron distributed checkpoint
+(`mindspeed_rl.checkpoint.load_megatron_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator
+
+import torch
+
+from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.models.architecture import ModelArchitecture
+from mindspeed_rl.models.hf_io import HFCheckpointReader, load_hf_config
+from mindspeed_rl.models.registry import describe_model
+
+
+def describe_hf_dir(hf_dir: str | os.PathLike) -> ModelArchitecture:
+    """Read ``hf_dir/config.json`` and describe the model in megatron terms."""
+    return describe_model(load_hf_config(hf_dir))
+
+
+def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dtype = torch.float32,
+                             sequence_parallel: bool = False, perform_initialization: bool = True,
+                             **overrides):
+    """The megatron TransformerConfig of ``arch`` for the current parallel state.
+
+    ``overrides`` are further TransformerConfig fields (e.g. recompute settings, MoE aux loss).
+    ``perform_initialization=False`` skips the random init (faster when weights are loaded
+    anyway) but megatron-core then also skips tagging parameters with their TP attributes
+    (``tensor_model_parallel``, ``partition_dim``), which grad clipping, the distributed
+    optimizer and the resharding flow read: use it only for whole-model (TP=1) conversion.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer import TransformerConfig
+
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError("call initialize_megatron_parallel() before building a megatron model")
+    kwargs = dict(arch.transformer_config_kwargs)
+    kwargs.update(
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
+        expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
+        expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
+        sequence_parallel=sequence_parallel,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        # Initialise on the host, then move: the same seed gives the same full weights at every TP.
+        use_cpu_initialization=True,
+        perform_initialization=perform_initialization,
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def build_layer_spec(config):
+    """Megatron-core local (no Transformer Engine) decoder block spec; MoE layers per moe_layer_freq."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+
+
+def build_gpt_model(arch: ModelArchitecture, config, *, pre_process: bool | None = None,
+                    post_process: bool | None = None, parallel_output: bool = True):
+    """This rank's GPTModel (its PP stage, TP shard and EP experts)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    if pre_process is None:
+        pre_process = ps.is_pipeline_first_stage()
+    if post_process is None:
+        post_process = ps.is_pipeline_last_stage()
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=build_layer_spec(config),
+        vocab_size=arch.padded_vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=parallel_output,
+        share_embeddings_and_output_weights=arch.share_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=arch.rotary_base,
+    )
+
+
+def build_model_from_hf_dir(hf_dir: str | os.PathLike, **config_kwargs):
+    """(model, arch, config) with freshly initialised weights; see `load_hf_weights`."""
+    arch = describe_hf_dir(hf_dir)
+    config = build_transformer_config(arch, **config_kwargs)
+    return build_gpt_model(arch, config), arch, config
+
+
+# ---- naming: local (per stage / per EP rank) <-> global ---------------------------------------
+
+def global_parameter_names(model) -> dict[str, str]:
+    """This rank's parameter names -> global names used by the weight map.
+
+    Megatron numbers decoder layers per PP stage and experts per EP rank; the global
+    name uses the layer's ``layer_number`` (1-based, global) and the expert's global id.
+    """
+    from megatron.core import parallel_state as ps
+
+    layer_index = {i: layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
+    num_experts = model.config.num_moe_experts or 0
+    ep_size = ps.get_expert_model_parallel_world_size()
+    expert_offset = ps.get_expert_model_parallel_rank() * (num_experts // ep_size) if num_experts else 0
+    names = {}
+    for local, _ in model.named_parameters():
+        parts = local.split(".")
+        if parts[:2] == ["decoder", "layers"]:
+            parts[2] = str(layer_index[int(parts[2])])
+            if "local_experts" in parts:
+                k = parts.index("local_experts") + 1
+                parts[k] = str(int(parts[k]) + expert_offset)
+        names[local] = ".".join(parts)
+    return names
+
+
+def _tp_rank_and_size(is_expert: bool) -> tuple[int, int]:
+    from megatron.core import parallel_state as ps
+
+    if is_expert:
+        return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
+    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+
+
+def _full_shape(param: torch.Tensor, tp_dim: int | None, tp_size: int) -> torch.Size:
+    shape = list(param.shape)
+    if tp_dim is not None:
+        shape[tp_dim] *= tp_size
+    return torch.Size(shape)
+
+
+def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointReader) -> None:
+    """Refuse an HF checkpoint whose tensor names or shapes do not fit ``arch`` (before loading).
+
+    Names are checked for the whole model, shapes for this rank's parameters.
+    """
+    wm = arch.weight_map
+    expected = set(wm.all_hf_names())
+    present = set(reader.names())
+    missing = sorted(expected - present)
+    if missing:
+        raise CheckpointError(
+            f"{reader.dir}: {len(missing)} tensor(s) that config.json ({arch.name}) requires are "
+            f"missing from the safetensors files, e.g. {missing[:3]}"
+        )
+    unexpected = sorted(n for n in present - expected if not wm.is_ignored_hf(n))
+    if unexpected:
+        raise CheckpointError(
+            f"{reader.file_of(unexpected[0])}: tensor {unexpected[0]!r} is not part of a {arch.name} "
+            f"model with this config.json ({len(unexpected)} unexpected tensor(s): {unexpected[:3]})"
+        )
+    for local, global_name in global_parameter_names(model).items():
+        param = model.get_parameter(local)
+        is_expert = wm.is_expert(global_name)
+        full = _full_shape(param, wm.tp_dim(global_name), _tp_rank_and_size(is_expert)[1])
+        for hf_name, shape in wm.expected_hf_shapes(global_name, full).items():
+            if reader.shape(hf_name) != shape:
+                raise CheckpointError(
+                    f"{reader.file_of(hf_name)}: tensor {hf_name!r} has shape {list(reader.shape(hf_name))} "
+                    f"but config.json ({arch.name}) implies {list(shape)} (megatron {global_name})"
+                )
+
+
+@torch.no_grad()
+def load_hf_weights(model, arch: ModelArchitecture, reader: HFCheckpointReader,
+                    progress: Callable[[Iterator], Iterator] | None = None) -> None:
+    """Copy HF weights into this rank's shard of ``model`` (any TP/PP/EP layout)."""
+    check_hf_checkpoint(model, arch, reader)
+    wm = arch.weight_map
+    items = list(global_parameter_names(model).items())
+    for local, global_name in (progress(items) if progress else items):
+        param = model.get_parameter(local)
+        full = wm.to_megatron(global_name, {h: reader.get(h) for h in wm.hf_names(global_name)})
+        rank, size = _tp_rank_and_size(wm.is_expert(global_name))
+        shard = wm.split_tp(global_name, full, size)[rank]
+        param.copy_(shard.to(param.dtype))
+
+
+def hf_tensors_from_model(model, arch: ModelArchitecture, dtype: torch.dtype | None = None
+                          ) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named full tensors of a model built at TP=PP=EP=1 (the mg -> hf converter).
+
+    Sharded layouts gather first (the resharding flow does that per parameter with
+    `WeightMap.gather_tp`).
+    """
+    from megatron.core import parallel_state as ps
+
+    if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+            ps.get_expert_model_parallel_world_size()) != (1, 1, 1):
+        raise RuntimeError("hf_tensors_from_model needs the whole model on one rank (TP=PP=EP=1)")
+    for local, global_name in global_parameter_names(model).items():
+        param = model.get_parameter(local).detach()
+        for hf_name, tensor in arch.weight_map.to_hf(global_name, param):
+            yield hf_name, tensor if dtype is None else tensor.to(dtype)

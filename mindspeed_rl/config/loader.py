@@ -1,0 +1,206 @@
+"""`load_config`: YAML file + dotted command-line overrides -> a validated `RLJobConfig`.
+
+Everything here runs before torch.distributed is initialised and reads no
+weights, so a bad config fails identically and at once on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+from mindspeed_rl.config.checks import check_data_files, check_job
+from mindspeed_rl.config.errors import ConfigError, did_you_mean
+from mindspeed_rl.config.model_spec import read_model_spec, resolve_model_source
+from mindspeed_rl.config.schema import SECTIONS, RLJobConfig
+from mindspeed_rl.config.typed_sections import build_section, field_types, nested_section_type
+from mindspeed_rl.config.yaml_source import parse_yaml_scalar, read_yaml_file
+
+_OVERRIDE = "command-line override"
+
+# MindSpeed-RL config keys that have no meaning here, with what to do instead.
+_MINDSPEED_RL_TOP_LEVEL = {
+    "defaults": "remove it; set megatron_training.model to configs/model/<name>.yaml or an HF "
+                "directory instead of a hydra defaults list",
+}
+
+
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
+                check_data: bool = True) -> RLJobConfig:
+    """Load and validate a job config.
+
+    ``overrides`` are ``dotted.key=value`` strings (values parsed as YAML
+    scalars: ``8``, ``1e-6``, ``true``, ``[a, b]``) applied on top of the file.
+    Relative paths (model, data, checkpoint and log directories) resolve
+    against the current working directory. The model's architecture fields are
+    always read (config.json or model yaml); data files are checked only when
+    ``check_data`` (the dry-run passes False: it needs no data and no weights).
+
+    Checks here do not depend on the world size; ``make_plan(config, world_size)``
+    adds the layout and batch-divisibility checks.
+
+    Raises:
+        ConfigError: naming the dotted key, the value and the fix.
+    """
+    if isinstance(overrides, str):   # a lone "k=v" would otherwise be read letter by letter
+        raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
+    config_path = Path(path).expanduser().absolute()
+    raw = read_yaml_file(config_path, "--config")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("--config", f"{config_path} must hold a mapping of sections "
+                          f"({', '.join(SECTIONS)}), not a {type(raw).__name__}",
+                          "start the file with 'megatron_training:'", value=str(path))
+    for name in raw:
+        if name not in SECTIONS:
+            fix = (_MINDSPEED_RL_TOP_LEVEL.get(name) or did_you_mean(str(name), SECTIONS)
+                   or f"sections are: {', '.join(SECTIONS)}")
+            raise ConfigError(str(name), f"unknown section in {config_path.name}", fix)
+    raw = {name: raw.get(name) for name in SECTIONS}   # absent or empty section: all defaults
+
+    overridden = apply_overrides(raw, overrides)
+    elsewhere = _dotted_key_index()
+    sections = {name: build_section(cls, raw[name], name, overridden=overridden,
+                                    elsewhere=elsewhere)
+                for name, cls in SECTIONS.items()}
+
+    megatron = sections["megatron_training"]
+    model_path, is_hf_dir = resolve_model_source(megatron.model, config_path.parent)
+    model = read_model_spec(model_path, is_hf_dir)
+    tokenizer = megatron.tokenizer_name_or_path
+    if tokenizer is None:
+        tokenizer = str(model_path) if is_hf_dir else model.tokenizer_name_or_path
+    if tokenizer is None:
+        raise ConfigError("megatron_training.tokenizer_name_or_path", "not set, and the model "
+                          f"yaml {model_path.name} names no tokenizer_name_or_path",
+                          "set it to the HF directory holding the tokenizer files")
+    sections["megatron_training"] = dataclasses.replace(
+        _resolve_paths(megatron), model=str(model_path),
+        tokenizer_name_or_path=_resolve_tokenizer(tokenizer))
+    sections["actor_config"] = _resolve_paths(sections["actor_config"])
+    rl = sections["rl_config"]
+    if rl.mini_batch_size is None:
+        sections["rl_config"] = dataclasses.replace(rl, mini_batch_size=megatron.global_batch_size)
+
+    config = RLJobConfig(**sections, model=model, config_path=str(config_path))
+    check_job(config)
+    if check_data:
+        check_data_files(config)
+    return config
+
+
+def _dotted_key_index() -> dict[str, str]:
+    """Every key of the schema -> its dotted name (for 'it belongs elsewhere' hints)."""
+    index: dict[str, str] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in field_types(cls).items():
+            nested = nested_section_type(tp)
+            if nested is not None:
+                walk(nested, f"{prefix}.{name}")
+            else:
+                index.setdefault(name, f"{prefix}.{name}")
+
+    for section, cls in SECTIONS.items():
+        walk(cls, section)
+    return index
+
+
+# ---- overrides ----------------------------------------------------------------------------
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"rl_config.n_samples_per_prompt=8"`` -> ``("rl_config.n_samples_per_prompt", 8)``."""
+    key, sep, value_text = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(None, f"command-line argument {text!r} is not a dotted.key=value "
+                          "override", "write e.g. rl_config.n_samples_per_prompt=8")
+    try:
+        value = parse_yaml_scalar(value_text)
+    except yaml.YAMLError as e:
+        raise ConfigError(key, f"value {value_text!r} is not valid YAML ({e.problem})",
+                          "quote strings with special characters, write lists as [a, b]",
+                          origin=_OVERRIDE) from None
+    return key, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> frozenset[str]:
+    """Write each override into the parsed YAML ``raw``; return the dotted keys overridden.
+
+    Keys are checked against the schema here (not against the file) so an
+    override may set a key the file leaves at its default, but never a key
+    that does not exist.
+    """
+    overridden = set()
+    for text in overrides:
+        key, value = parse_override(text)
+        parts = key.split(".")
+        if parts[0] not in SECTIONS:
+            hint = did_you_mean(parts[0], SECTIONS) or f"sections are: {', '.join(SECTIONS)}"
+            raise ConfigError(key, "unknown section", hint, origin=_OVERRIDE)
+        if len(parts) == 1:
+            raise ConfigError(key, "is a section, not a key",
+                              f"override one of its keys, e.g. {key}.<key>=value", origin=_OVERRIDE)
+        cls, node = SECTIONS[parts[0]], raw
+        for depth, part in enumerate(parts[1:], start=1):
+            parent = ".".join(parts[:depth])
+            node = _child_mapping(node, parts[depth - 1], parent)
+            types_ = field_types(cls)
+            if part not in types_:
+                hint = did_you_mean(part, types_, f"{parent}.") or (
+                    f"known keys: {', '.join(sorted(types_))}")
+                raise ConfigError(".".join(parts[:depth + 1]), "unknown key", hint,
+                                  origin=_OVERRIDE)
+            nested = nested_section_type(types_[part])
+            last = depth == len(parts) - 1
+            if nested is not None and last:
+                raise ConfigError(key, "is a section, not a key",
+                                  f"override one of its keys, e.g. {key}.<key>=value",
+                                  origin=_OVERRIDE)
+            if nested is None and not last:
+                raise ConfigError(key, f"{parent}.{part} is a key, not a section",
+                                  f"write {parent}.{part}=value", origin=_OVERRIDE)
+            cls = nested or cls
+        node[parts[-1]] = value
+        overridden.add(key)
+    return frozenset(overridden)
+
+
+def _child_mapping(node: dict, name: str, dotted: str) -> dict:
+    child = node.get(name)
+    if child is None:
+        child = node[name] = {}
+    if not isinstance(child, dict):
+        raise ConfigError(dotted, "must be a section (mapping) to take an override",
+                          "fix the config file", value=child)
+    return child
+
+
+# ---- paths --------------------------------------------------------------------------------
+
+def _resolve_paths(section):
+    """Make the section's path keys absolute against the current working directory.
+
+    Megatron users launch from the directory their relative paths refer to;
+    absolute paths keep meaning the same if anything later changes directory.
+    """
+    changes = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata.get("path") and isinstance(value, str):
+            changes[f.name] = str(Path(value).expanduser().absolute())
+    return dataclasses.replace(section, **changes)
+
+
+def _resolve_tokenizer(value: str) -> str:
+    """A tokenizer that exists locally (or is written as a path) becomes absolute; anything
+    else is left as an HF hub id."""
+    path = Path(value).expanduser()
+    if path.exists() or value.startswith((".", "/", "~")):
+        return str(path.absolute())
+    return value

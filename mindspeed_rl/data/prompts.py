@@ -1,0 +1,260 @@
+"""Reading prompt files and turning prompts into token ids.
+
+Data files: ``.jsonl`` / ``.json`` (JSON lines or one JSON array of rows) and
+``.parquet``, or a directory of such files (read in name order), loaded with
+``datasets``. A row holds the prompt under ``prompt_key`` -- a string (sent as one
+user message) or a list of chat messages ``[{"role": ..., "content": ...}]`` --
+and the gold answer under ``answer_key``. A file written by
+``tools/preprocess_data.py`` has a ``prompt_ids`` column instead: it is used as
+is, without a tokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mindspeed_rl.data.prompt_dataset import PromptDataset, PromptItem
+
+logger = logging.getLogger(__name__)
+
+# Columns of a pre-tokenized file (tools/preprocess_data.py).
+PROMPT_IDS_COLUMN = "prompt_ids"
+PROMPT_TEXT_COLUMN = "prompt_text"
+
+_BUILDER_BY_SUFFIX = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_TOKENIZE_CHUNK = 1024  # prompts per batched tokenizer call
+
+
+@dataclass(frozen=True)
+class RawPrompt:
+    """One row of a data file before tokenization."""
+
+    prompt: str | list[dict[str, str]] | None  # None in a pre-tokenized file without it
+    answer: str
+    source_file: str
+    source_row: int  # counted from 0
+    prompt_ids: list[int] | None = None  # set when the file is pre-tokenized
+    prompt_text: str | None = None
+
+
+def data_files(path: str, data_path_key: str = "megatron_training.data_path") -> list[str]:
+    """The data files ``path`` names: itself, or the supported files of a directory."""
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, name) for name in os.listdir(path)
+                       if os.path.splitext(name)[1] in _BUILDER_BY_SUFFIX)
+        if not files:
+            raise FileNotFoundError(f"data directory {path} holds no {sorted(_BUILDER_BY_SUFFIX)} "
+                                    f"files; set {data_path_key}")
+        builders = {_BUILDER_BY_SUFFIX[os.path.splitext(f)[1]] for f in files}
+        if len(builders) > 1:
+            raise ValueError(f"data directory {path} mixes JSON and parquet files; keep one "
+                             f"format per directory ({data_path_key})")
+        return files
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file {path} not found; set {data_path_key}")
+    if os.path.splitext(path)[1] not in _BUILDER_BY_SUFFIX:
+        raise ValueError(f"data file {path} is not one of {sorted(_BUILDER_BY_SUFFIX)}; "
+                         f"set {data_path_key}")
+    return [path]
+
+
+def _load_table(path: str):
+    """The rows of one file as a ``datasets.Dataset``, held in memory.
+
+    The cache goes to a private temporary directory: the data folder may be
+    read-only or shared by every rank, and nothing is fetched from the hub (the
+    json/parquet builders ship with ``datasets``).
+    """
+    import datasets
+
+    builder = _BUILDER_BY_SUFFIX[os.path.splitext(path)[1]]
+    bars_were_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # one "Generating train split" bar per rank is noise
+    try:
+        with tempfile.TemporaryDirectory(prefix="mindspeed_rl_data_") as cache_dir:
+            return datasets.load_dataset(builder, data_files=os.path.abspath(path),
+                                         split="train", cache_dir=cache_dir,
+                                         keep_in_memory=True)
+    except Exception as e:
+        raise ValueError(f"cannot read data file {path} as {builder}: {e}") from e
+    finally:
+        if bars_were_enabled:
+            datasets.enable_progress_bars()
+
+
+def _row_keys(table, row: int) -> list[str]:
+    return sorted(k for k, v in table[row].items() if v is not None)
+
+
+def _missing_field(path: str, row: int, key: str, keys: list[str], fix: str) -> ValueError:
+    return ValueError(f"row {row} of {path} has no {key!r} field (keys: {keys}); {fix}")
+
+
+def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | None = "answer",
+                     data_path_key: str = "megatron_training.data_path") -> list[RawPrompt]:
+    """All rows of ``path`` (a file or a directory of files), fields checked.
+
+    A row without the prompt or the answer field fails with the file and row
+    (counted from 0) named. ``answer_key=None``: the data has no answers (all "").
+    """
+    rows: list[RawPrompt] = []
+    for file in data_files(path, data_path_key):
+        table = _load_table(file)
+        if len(table) == 0:
+            continue
+        pre_tokenized = PROMPT_IDS_COLUMN in table.column_names
+        columns = set(table.column_names)
+        prompts = table[prompt_key] if prompt_key in columns else None
+        answers = table[answer_key] if answer_key is not None and answer_key in columns else None
+        ids = table[PROMPT_IDS_COLUMN] if pre_tokenized else None
+        texts = table[PROMPT_TEXT_COLUMN] if PROMPT_TEXT_COLUMN in columns else None
+        for row in range(len(table)):
+            prompt = prompts[row] if prompts is not None else None
+            if pre_tokenized:
+                if ids[row] is None:
+                    raise _missing_field(file, row, PROMPT_IDS_COLUMN, _row_keys(table, row),
+                                         "rewrite the file with tools/preprocess_data.py")
+            elif prompt is None:
+                raise _missing_field(file, row, prompt_key, _row_keys(table, row),
+                                     "set megatron_training.prompt_key")
+            if answer_key is None:
+                answer = ""
+            elif answers is None or answers[row] is None:
+                raise _missing_field(file, row, answer_key, _row_keys(table, row),
+                                     "set megatron_training.answer_key")
+            else:
+                answer = str(answers[row])
+            rows.append(RawPrompt(
+                prompt=prompt, answer=answer, source_file=file, source_row=row,
+                prompt_ids=list(ids[row]) if pre_tokenized else None,
+                prompt_text=texts[row] if texts is not None else None))
+    return rows
+
+
+def _messages(raw: RawPrompt, prompt_key: str,
+              system_prompt: str | None) -> list[dict[str, str]]:
+    prompt = raw.prompt
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    elif (isinstance(prompt, list) and prompt
+          and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)):
+        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    else:
+        raise ValueError(f"row {raw.source_row} of {raw.source_file}: {prompt_key!r} must be a "
+                         "string or a list of chat messages {role, content}, got "
+                         f"{type(prompt).__name__} {str(prompt)[:80]!r}")
+    if system_prompt is not None and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    return messages
+
+
+def prompt_text(raw: RawPrompt, tokenizer, apply_chat_template: bool = True,
+                system_prompt: str | None = None, prompt_key: str = "prompt") -> str:
+    """The text the model sees for one prompt.
+
+    With ``apply_chat_template``: the tokenizer's chat template over the messages
+    (a string prompt becomes one user message, ``system_prompt`` a leading system
+    message), ending with the assistant generation prompt. Without: the prompt
+    string itself (``system_prompt`` and a blank line before it).
+    """
+    if apply_chat_template:
+        return tokenizer.apply_chat_template(_messages(raw, prompt_key, system_prompt),
+                                             add_generation_prompt=True, tokenize=False)
+    if not isinstance(raw.prompt, str):
+        raise ValueError(f"row {raw.source_row} of {raw.source_file} holds chat messages but "
+                         "apply_chat_template is false; enable it or store plain-text prompts")
+    return raw.prompt if system_prompt is None else f"{system_prompt}\n\n{raw.prompt}"
+
+
+def check_chat_template(tokenizer) -> None:
+    """Fail fast when a chat template is asked for and the tokenizer has none."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        where = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(f"tokenizer at {where} has no chat_template; set apply_chat_template "
+                         "false to feed the raw prompt text, or add a chat_template to its "
+                         "tokenizer_config.json")
+
+
+def tokenize_prompts(rows: Sequence[RawPrompt], tokenizer, apply_chat_template: bool = True,
+                     system_prompt: str | None = None, prompt_key: str = "prompt",
+                     progress: bool = False) -> Iterator[tuple[list[int], str]]:
+    """(prompt token ids, prompt text) for each row, in order.
+
+    Pre-tokenized rows pass through. The text is rendered first and then encoded
+    with ``add_special_tokens=False`` when a chat template is used (the template
+    already holds the special tokens), with the tokenizer's defaults otherwise
+    (e.g. a BOS token).
+    """
+    needs_tokenizer = any(r.prompt_ids is None for r in rows)
+    if needs_tokenizer:
+        if tokenizer is None:
+            raise ValueError(f"{rows[0].source_file} is not pre-tokenized (no "
+                             f"{PROMPT_IDS_COLUMN!r} column): a tokenizer is needed")
+        if apply_chat_template:
+            check_chat_template(tokenizer)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(rows), desc="tokenizing prompts", unit="prompt")
+    for start in range(0, len(rows), _TOKENIZE_CHUNK):
+        chunk = rows[start:start + _TOKENIZE_CHUNK]
+        texts = [r.prompt_text if r.prompt_ids is not None
+                 else prompt_text(r, tokenizer, apply_chat_template, system_prompt, prompt_key)
+                 for r in chunk]
+        to_encode = [t for r, t in zip(chunk, texts) if r.prompt_ids is None]
+        encoded = iter(tokenizer(to_encode, add_special_tokens=not apply_chat_template)["input_ids"]
+                       if to_encode else [])
+        for r, text in zip(chunk, texts):
+            ids = r.prompt_ids if r.prompt_ids is not None else list(next(encoded))
+            yield ids, (text if text is not None else _plain_prompt(r))
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+
+
+def _plain_prompt(raw: RawPrompt) -> str:
+    # A pre-tokenized file without prompt_text: show the original prompt if there is one.
+    return raw.prompt if isinstance(raw.prompt, str) else ""
+
+
+def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int | None = None, *,
+                        prompt_key: str = "prompt", answer_key: str | None = "answer",
+                        apply_chat_template: bool = True, system_prompt: str | None = None,
+                        seed: int = 1234, shuffle: bool = True,
+                        data_path_key: str = "megatron_training.data_path") -> PromptDataset:
+    """Read, template, tokenize and length-filter the prompts of ``path``.
+
+    path: a .jsonl/.json/.parquet file or a directory of them (module docstring).
+    tokenizer: a transformers tokenizer (None only for pre-tokenized files).
+    max_prompt_length: prompts with more tokens are dropped and counted
+      (``PromptDataset.num_dropped``, and a log line); None keeps all.
+    seed, shuffle: the data order (``PromptDataset``).
+    data_path_key: the config key named in the file errors
+      (e.g. ``megatron_training.test_data_path`` for the test set).
+    """
+    rows = read_prompt_rows(path, prompt_key, answer_key, data_path_key)
+    if not rows:
+        raise ValueError(f"data file {path} has no rows; set {data_path_key}")
+    items: list[PromptItem] = []
+    num_dropped = 0
+    for raw, (ids, text) in zip(rows, tokenize_prompts(rows, tokenizer, apply_chat_template,
+                                                        system_prompt, prompt_key)):
+        if max_prompt_length is not None and len(ids) > max_prompt_length:
+            num_dropped += 1
+            continue
+        items.append(PromptItem(prompt_ids=ids, answer=raw.answer, prompt_text=text,
+                                source_row=raw.source_row, source_file=raw.source_file))
+    if not items:
+        raise ValueError(f"all {len(rows)} prompts of {path} are longer than "
+                         f"max_prompt_length={max_prompt_length} tokens; raise "
+                         "rl_config.max_prompt_length")
+    log = logger.warning if num_dropped else logger.info
+    log("%s: %d prompts kept, %d dropped as longer than max_prompt_length=%s tokens",
+        path, len(items), num_dropped, max_prompt_length)
+    return PromptDataset(items, seed=seed, shuffle=shuffle, num_dropped=num_dropped, source=path)

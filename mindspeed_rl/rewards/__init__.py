@@ -1,0 +1,19 @@
+"""Rule-based rewards: verifiers registered by name (``rl_config.verifier_function``).
+
+Registered verifiers:
+- ``math_answer``: math-verify equivalence of the final answer with the gold answer.
+- ``integer_answer``: the response's final integer equals the integer gold answer.
+- ``format``: the response ends with a recognisable final answer.
+"""
+
+# Importing the modules registers their verifiers.
+from mindspeed_rl.rewards import final_answer, math_verify_reward  # noqa: F401
+from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_final_number,
+                                               has_final_answer_format)
+from mindspeed_rl.rewards.registry import (compute_rewards, get_verifier, register_verifier,
+                                           registered_verifiers)
+
+__all__ = [
+    "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",
+    "has_final_answer_format", "register_verifier", "registered_verifiers",
+]

@@ -1,0 +1,71 @@
+"""Rule-based verifiers by name, and the weighted reward of a batch of responses.
+
+A verifier is ``fn(response_text: str, answer: str) -> float``; it never raises
+on model output (malformed, empty) or a missing answer: those score 0.0. The
+YAML names them in ``rl_config.verifier_function`` with one weight each in
+``rl_config.verifier_weight``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+Verifier = Callable[[str, str], float]
+
+_VERIFIERS: dict[str, Verifier] = {}
+
+
+def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
+    """Decorator: make ``fn`` available as ``rl_config.verifier_function: [name]``."""
+    def register(fn: Verifier) -> Verifier:
+        if name in _VERIFIERS and _VERIFIERS[name] is not fn:
+            raise ValueError(f"verifier {name!r} is already registered "
+                             f"({_VERIFIERS[name].__module__}.{_VERIFIERS[name].__name__})")
+        _VERIFIERS[name] = fn
+        return fn
+    return register
+
+
+def registered_verifiers() -> list[str]:
+    """Names of all registered verifiers, sorted."""
+    return sorted(_VERIFIERS)
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier registered as ``name``; ValueError listing the valid names otherwise."""
+    try:
+        return _VERIFIERS[name]
+    except KeyError:
+        raise ValueError(f"unknown verifier {name!r} in rl_config.verifier_function; registered "
+                         f"verifiers are {registered_verifiers()}") from None
+
+
+def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
+                    verifier_names: Sequence[str], verifier_weights: Sequence[float],
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Score each response with every named verifier and combine them.
+
+    total_i = sum_k weight_k * verifier_k(response_i, answer_i)
+
+    responses, answers: N decoded responses and the gold answer of each (the
+    prompt's answer repeated for each of its samples).
+    returns: (total [N] float32, {verifier name: [N] float32 unweighted scores}).
+    """
+    if len(responses) != len(answers):
+        raise ValueError(f"{len(responses)} responses but {len(answers)} answers")
+    if len(verifier_names) != len(verifier_weights):
+        raise ValueError(f"{len(verifier_names)} verifiers {list(verifier_names)} but "
+                         f"{len(verifier_weights)} weights {list(verifier_weights)} "
+                         "(rl_config.verifier_weight needs one weight per verifier_function)")
+    verifiers = [get_verifier(name) for name in verifier_names]  # fail before scoring anything
+    total = torch.zeros(len(responses), dtype=torch.float32)
+    per_verifier: dict[str, torch.Tensor] = {}
+    for name, fn, weight in zip(verifier_names, verifiers, verifier_weights):
+        scores = torch.tensor([float(fn(response, answer))
+                               for response, answer in zip(responses, answers)],
+                              dtype=torch.float32)  # [N]
+        per_verifier[name] = scores
+        total += float(weight) * scores
+    return total, per_verifier

@@ -1,0 +1,316 @@
+"""Algorithms against hand-computed values (small tensors, numbers written out)."""
+
+import math
+import threading
+
+import pytest
+import torch
+
+from mindspeed_rl.algorithms import (agg_loss, broadcast_to_tokens, entropy_from_logits,
+                                     entropy_from_vocab_parallel_logits, gae_advantages,
+                                     group_normalized_advantages, groups_with_reward_spread,
+                                     kl_penalty, logprobs_from_logits,
+                                     logprobs_from_vocab_parallel_logits, masked_mean,
+                                     masked_whiten, overlong_penalty, policy_loss, value_loss)
+
+
+def close(actual, expected, tol=1e-5):
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
+                               torch.as_tensor(expected, dtype=torch.float32),
+                               atol=tol, rtol=tol)
+
+
+# ---- masked reductions ----
+
+def test_masked_mean_ignores_padding_and_empty_mask_is_zero():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    close(masked_mean(x, mask), 2.0)  # (1 + 2 + 3) / 3
+    close(masked_mean(x, mask, dim=-1), [1.5, 3.0])
+    close(masked_mean(x, torch.zeros_like(mask)), 0.0)
+
+
+def test_masked_whiten():
+    x = torch.tensor([[1.0, 3.0, 50.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    # mean 2, unbiased var ((1)^2 + (1)^2) / 1 = 2
+    close(masked_whiten(x, mask), [[-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0]])
+
+
+# ---- advantages ----
+
+def test_group_normalized_two_groups_of_two():
+    rewards = torch.tensor([1.0, 0.0, 2.0, 2.0])
+    # group 1: mean 0.5, unbiased std sqrt(0.25 + 0.25) = 0.7071068 -> +-0.5 / 0.7071068
+    # group 2: identical rewards -> 0 (not NaN)
+    adv = group_normalized_advantages(rewards, n_samples_per_prompt=2, eps=1e-6)
+    close(adv, [0.7071058, -0.7071058, 0.0, 0.0])
+
+
+def test_group_normalized_group_of_three_and_2d_input():
+    rewards = torch.tensor([[0.0, 0.0, 3.0]])
+    # mean 1, unbiased var (1 + 1 + 4) / 2 = 3, std 1.7320508
+    adv = group_normalized_advantages(rewards, 3, eps=0.0)
+    assert adv.shape == (1, 3)
+    close(adv, [[-0.5773503, -0.5773503, 1.1547005]])
+    close(group_normalized_advantages(rewards, 3, norm_by_std=False), [[-1.0, -1.0, 2.0]])
+
+
+def test_group_normalized_single_sample_and_errors():
+    close(group_normalized_advantages(torch.tensor([0.3, 1.0]), 1), [0.3, 1.0])
+    with pytest.raises(ValueError, match="groups of n_samples_per_prompt=3"):
+        group_normalized_advantages(torch.zeros(4), 3)
+
+
+def test_broadcast_to_tokens():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    close(broadcast_to_tokens(torch.tensor([0.5, -2.0]), mask), [[0.5, 0.5, 0.0], [-2.0, 0.0, 0.0]])
+
+
+def test_gae_gamma_lam_one_is_reward_to_go_minus_value():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    values = torch.tensor([[0.5, 0.2, 0.1], [0.3, 0.4, 9.9]])  # 9.9 sits on padding
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    # reward-to-go: [1, 1, 1] and [2, 2, -]
+    close(adv, [[0.5, 0.8, 0.9], [1.7, 1.6, 0.0]])
+    close(ret, [[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
+
+
+def test_gae_discounted_and_td0():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.2, 0.1]])
+    mask = torch.ones(1, 3)
+    # gamma 0.5, lam 1: A_t = discounted return - V_t = [0.25 - 0.5, 0.5 - 0.2, 1 - 0.1]
+    adv, _ = gae_advantages(rewards, values, mask, gamma=0.5, lam=1.0)
+    close(adv, [[-0.25, 0.3, 0.9]])
+    # lam 0: A_t = delta_t = r_t + 0.5 V_{t+1} - V_t
+    adv, _ = gae_advantages(rewards, values, mask, gamma=0.5, lam=0.0)
+    close(adv, [[0.1 - 0.5, 0.05 - 0.2, 0.9]])
+
+
+# ---- DAPO ----
+
+def test_overlong_penalty_by_hand():
+    # L_max 10, buffer 4: free up to 6 tokens, then -1/4 per token, -1 at 10
+    lengths = torch.tensor([3, 6, 7, 8, 10, 12])
+    close(overlong_penalty(lengths, 10, 4), [0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
+    close(overlong_penalty(lengths, 10, 4, penalty_factor=0.5)[3], -0.25)
+    with pytest.raises(ValueError, match="overlong_buffer_len=0"):
+        overlong_penalty(lengths, 10, 0)
+
+
+def test_groups_with_reward_spread():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert groups_with_reward_spread(rewards, 2).tolist() == [False, True, False]
+
+
+# ---- KL ----
+
+def test_kl_estimators_by_hand():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-2.0, -1.0]])  # logp - ref = [1, -1]
+    close(kl_penalty(logp, ref, "k1"), [[1.0, -1.0]])
+    close(kl_penalty(logp, ref, "k2"), [[0.5, 0.5]])
+    # exp(ref - logp) - (ref - logp) - 1: [e^-1 + 1 - 1, e^1 - 1 - 1]
+    close(kl_penalty(logp, ref, "low_var_kl"), [[0.3678794, 0.7182818]])
+    close(kl_penalty(logp, ref, "k3"), [[0.3678794, 0.7182818]])
+
+
+def test_low_var_kl_is_clamped_and_finite():
+    logp = torch.tensor([[-40.0, 0.0]])
+    ref = torch.tensor([[0.0, -40.0]])
+    out = kl_penalty(logp, ref, "low_var_kl")
+    assert torch.isfinite(out).all()
+    # ref - logp = 40 -> clamped to 20 -> e^20 - 21, clamped to 10;
+    # ref - logp = -40 -> -20 -> e^-20 + 20 - 1 = 19, clamped to 10
+    close(out, [[10.0, 10.0]])
+
+
+def test_unknown_kl_names_valid_ones():
+    with pytest.raises(ValueError, match=r"'k4'.*\['k1', 'k2', 'low_var_kl', 'k3'\]"):
+        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
+
+
+# ---- policy loss ----
+# Tokens (old log-prob 0, so ratio = exp(logp)):
+#   a: A=+1, ratio 1.5 -> max(-1.5, -1.2) = -1.2  (clipped branch active)
+#   b: A=+1, ratio 0.5 -> max(-0.5, -0.8) = -0.5
+#   c: A=-1, ratio 0.5 -> max( 0.5,  0.8) =  0.8  (clipped branch active)
+#   d: A=-1, ratio 1.5 -> max( 1.5,  1.2) =  1.5
+#   e: A=+1, ratio 1.1 -> -1.1 (inside the clip range)
+# Layout [[a, b, pad], [c, d, e]].
+
+def _policy_batch():
+    ratios = torch.tensor([[1.5, 0.5, 1.0], [0.5, 1.5, 1.1]])
+    logprobs = torch.log(ratios).requires_grad_(True)
+    logprobs_old = torch.zeros(2, 3)
+    advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    return logprobs, logprobs_old, advantages, mask
+
+
+def test_policy_loss_clips_both_sides_token_mean():
+    logprobs, old, adv, mask = _policy_batch()
+    loss, stats = policy_loss(logprobs, old, adv, mask, 0.2, 0.2)
+    close(loss, (-1.2 - 0.5 + 0.8 + 1.5 - 1.1) / 5)  # -0.1
+    close(stats["pg_clipfrac"], 2 / 5)
+    # approx_kl = mean(old - new) = -(ln1.5 + ln0.5 + ln0.5 + ln1.5 + ln1.1) / 5
+    close(stats["approx_kl"], -(0.4054651 - 0.6931472 - 0.6931472 + 0.4054651 + 0.0953102) / 5)
+    close(stats["ratio_mean"], (1.5 + 0.5 + 0.5 + 1.5 + 1.1) / 5)
+    close(stats["pg_clipfrac_lower"], 0.0)
+    loss.backward()
+    # d loss / d logp = -A * ratio / N on unclipped tokens, 0 on clipped tokens and padding
+    close(logprobs.grad, [[0.0, -0.5 / 5, 0.0], [0.0, 1.5 / 5, -1.1 / 5]])
+
+
+def test_policy_loss_clip_higher_is_asymmetric():
+    logprobs, old, adv, mask = _policy_batch()
+    # DAPO clip-higher: token a is capped at 1.28 instead of 1.2; token c still at 0.8
+    loss, stats = policy_loss(logprobs, old, adv, mask, 0.2, 0.28)
+    close(loss, (-1.28 - 0.5 + 0.8 + 1.5 - 1.1) / 5)
+    close(stats["pg_clipfrac"], 2 / 5)
+
+
+def test_policy_loss_aggregation_modes_and_global_token_count():
+    logprobs, old, adv, mask = _policy_batch()
+    loss, _ = policy_loss(logprobs, old, adv, mask, 0.2, 0.2, num_tokens_global=10)
+    close(loss, -0.5 / 10)
+    loss, _ = policy_loss(logprobs, old, adv, mask, 0.2, 0.2, "seq-mean-token-mean")
+    close(loss, ((-1.2 - 0.5) / 2 + (0.8 + 1.5 - 1.1) / 3) / 2)  # -0.225
+    loss, _ = policy_loss(logprobs, old, adv, mask, 0.2, 0.2, "seq-mean-token-sum")
+    close(loss, ((-1.2 - 0.5) + (0.8 + 1.5 - 1.1)) / 2)  # -0.25
+    loss, _ = policy_loss(logprobs, old, adv, mask, 0.2, 0.2, "seq-mean-token-sum",
+                          num_seqs_global=4)
+    close(loss, -0.5 / 4)
+    with pytest.raises(ValueError, match="token-mean"):
+        policy_loss(logprobs, old, adv, mask, 0.2, 0.2, "token-sum")
+
+
+def test_token_mean_shares_sum_to_the_global_mean():
+    # Two "ranks" with different token counts: the shares with the global count add
+    # up to the token mean of the concatenated batch.
+    loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    share_0 = agg_loss(loss_mat[:1], mask[:1], num_tokens_global=4)
+    share_1 = agg_loss(loss_mat[1:], mask[1:], num_tokens_global=4)
+    close(share_0 + share_1, agg_loss(loss_mat, mask))  # 10 / 4
+
+
+def test_policy_loss_per_sample_advantages_and_dual_clip():
+    logprobs = torch.log(torch.tensor([[4.0, 1.0]]))
+    old = torch.zeros(1, 2)
+    mask = torch.ones(1, 2)
+    # A = -1, ratio 4: max(4, 1.2) = 4, dual clip bounds it at -A * 3 = 3; ratio 1 -> 1
+    loss, stats = policy_loss(logprobs, old, torch.tensor([-1.0]), mask, 0.2, 0.2,
+                              clip_ratio_dual=3.0)
+    close(loss, (3.0 + 1.0) / 2)
+    close(stats["pg_clipfrac_lower"], 0.5)
+
+
+def test_value_loss_clipping():
+    values = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    values_old = torch.tensor([[0.0, 0.0]])
+    returns = torch.tensor([[0.0, 1.0]])
+    mask = torch.ones(1, 2)
+    loss, stats = value_loss(values, values_old, returns, mask, clip_range_value=0.5)
+    # token 0: (1 - 0)^2 = 1 vs clipped (0.5 - 0)^2 = 0.25 -> 1; token 1: 1 vs 1 -> 1
+    close(loss, 0.5 * (1.0 + 1.0) / 2)
+    close(stats["vf_clipfrac"], 0.0)
+    # V moved from 0 to 2 towards R = 3: unclipped (2 - 3)^2 = 1, clipped (0.5 - 3)^2 = 6.25
+    loss, stats = value_loss(torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.tensor([[3.0]]),
+                             torch.ones(1, 1), clip_range_value=0.5)
+    close(loss, 0.5 * 6.25)
+    close(stats["vf_clipfrac"], 1.0)
+
+
+# ---- entropy and log-probs ----
+
+def test_entropy_uniform_and_peaked():
+    uniform = torch.zeros(1, 1, 4)
+    close(entropy_from_logits(uniform), [[math.log(4)]])  # 1.3862944
+    two_way = torch.tensor([[[math.log(3.0), 0.0]]])  # p = [0.75, 0.25]
+    close(entropy_from_logits(two_way), [[0.75 * 0.2876821 + 0.25 * 1.3862944]])  # 0.5623351
+    peaked = torch.tensor([[[1000.0, 0.0, 0.0, 0.0]]])
+    out = entropy_from_logits(peaked)
+    assert torch.isfinite(out).all()
+    close(out, [[0.0]])
+
+
+def test_logprobs_from_logits_by_hand():
+    logits = torch.tensor([[[math.log(3.0), 0.0], [0.0, 0.0]]])
+    targets = torch.tensor([[0, 1]])
+    close(logprobs_from_logits(logits, targets), [[math.log(0.75), math.log(0.5)]])
+
+
+class _SimulatedTPGroup:
+    """Lock-step all-reduces between threads: thread r plays tensor-parallel rank r.
+
+    The reduction keeps the autograd graph of every rank's contribution, so a
+    backward from rank 0's output reaches the logits of all shards.
+    """
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+        self.slots = [None] * world_size
+        self.barrier = threading.Barrier(world_size)
+
+    def reducer(self, rank, op):
+        def reduce(t):
+            self.slots[rank] = t
+            self.barrier.wait()
+            out = op(torch.stack(self.slots), dim=0)
+            self.barrier.wait()  # nobody overwrites a slot before everyone has read it
+            return out.values if op is torch.max else out
+        return reduce
+
+
+def _run_shards(fn, shards, **kwargs):
+    group = _SimulatedTPGroup(len(shards))
+    outputs, errors = [None] * len(shards), []
+
+    def body(rank):
+        try:
+            outputs[rank] = fn(shards[rank], rank, group.reducer(rank, torch.max),
+                               group.reducer(rank, torch.sum))
+        except Exception as e:  # surface thread failures in the test
+            errors.append(e)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(len(shards))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return outputs
+
+
+def test_vocab_parallel_entropy_matches_full_vocab_with_grads():
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 3, 10) * 5).requires_grad_(True)
+    shards = [logits[..., :5], logits[..., 5:]]
+    outputs = _run_shards(lambda s, r, mx, sm: entropy_from_vocab_parallel_logits(s, mx, sm),
+                          shards)
+    expected = entropy_from_logits(logits)
+    for out in outputs:
+        close(out, expected)
+    (grad_parallel,) = torch.autograd.grad(outputs[0].sum(), logits)
+    (grad_full,) = torch.autograd.grad(expected.sum(), logits)
+    close(grad_parallel, grad_full)
+
+
+def test_vocab_parallel_logprobs_match_full_vocab_with_grads():
+    torch.manual_seed(1)
+    logits = (torch.randn(2, 4, 8) * 3).requires_grad_(True)
+    targets = torch.tensor([[0, 3, 4, 7], [5, 1, 2, 6]])  # targets in both shards
+    shards = [logits[..., :4], logits[..., 4:]]
+    outputs = _run_shards(lambda s, r, mx, sm: logprobs_from_vocab_parallel_logits(
+        s, targets, 4 * r, mx, sm), shards)
+    expected = logprobs_from_logits(logits, targets)
+    for out in outputs:
+        close(out, expected)
+    (grad_parallel,) = torch.autograd.grad(outputs[1].sum(), logits)
+    (grad_full,) = torch.autograd.grad(expected.sum(), logits)
+    close(grad_parallel, grad_full)

@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Tokenize a prompt dataset once and write a parquet file the trainer reads directly.
+
+The output has a `prompt_ids` column (chat template applied, prompts longer than
+--max-prompt-length dropped), `prompt_text` (the rendered prompt) and the answer
+column under --answer-key. Point megatron_training.data_path at it: the trainer
+sees the `prompt_ids` column and skips tokenization. The tokenizer, length limit
+and drop count are stored in the parquet metadata (keys mindspeed_rl.*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EPILOG = """\
+example:
+  python tools/preprocess_data.py --input data/gsm8k/train.jsonl \\
+      --output data/gsm8k/train.tokenized.parquet --tokenizer ./Qwen2.5-0.5B-Instruct \\
+      --max-prompt-length 256 --answer-key answer
+"""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", required=True, help=".jsonl/.json/.parquet file or directory")
+    p.add_argument("--output", required=True, help="output .parquet file")
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory (HF format)")
+    p.add_argument("--prompt-key", default="prompt")
+    p.add_argument("--answer-key", default="answer")
+    p.add_argument("--max-prompt-length", type=int, default=None,
+                   help="drop prompts with more tokens (rl_config.max_prompt_length)")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="tokenize the raw prompt text instead of the chat template")
+    p.add_argument("--system-prompt", default=None, help="system message put before each prompt")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def preprocess(input_path: str, output_path: str, tokenizer, *, prompt_key: str = "prompt",
+               answer_key: str = "answer", max_prompt_length: int | None = None,
+               apply_chat_template: bool = True, system_prompt: str | None = None,
+               progress: bool = True) -> tuple[int, int]:
+    """Write the tokenized prompts of ``input_path`` to ``output_path``.
+
+    returns: (prompts written, prompts dropped as too long)
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mindspeed_rl.data.prompts import (PROMPT_IDS_COLUMN, PROMPT_TEXT_COLUMN,
+                                           read_prompt_rows, tokenize_prompts)
+
+    rows = read_prompt_rows(input_path, prompt_key, answer_key, data_path_key="--input")
+    ids_column, text_column, answer_column = [], [], []
+    num_dropped = 0
+    for raw, (ids, text) in zip(rows, tokenize_prompts(rows, tokenizer, apply_chat_template,
+                                                        system_prompt, prompt_key, progress)):
+        if max_prompt_length is not None and len(ids) > max_prompt_length:
+            num_dropped += 1
+            continue
+        ids_column.append(ids)
+        text_column.append(text)
+        answer_column.append(raw.answer)
+    table = pa.table({PROMPT_IDS_COLUMN: pa.array(ids_column, type=pa.list_(pa.int32())),
+                      PROMPT_TEXT_COLUMN: pa.array(text_column, type=pa.string()),
+                      answer_key: pa.array(answer_column, type=pa.string())})
+    metadata = {"mindspeed_rl.tokenizer": str(getattr(tokenizer, "name_or_path", "")),
+                "mindspeed_rl.max_prompt_length": json.dumps(max_prompt_length),
+                "mindspeed_rl.apply_chat_template": json.dumps(apply_chat_template),
+                "mindspeed_rl.num_dropped": str(num_dropped), "mindspeed_rl.source": input_path}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+    tmp_path = output_path + ".tmp"
+    pq.write_table(table, tmp_path)
+    os.replace(tmp_path, output_path)  # no half-written file under the final name
+    return len(ids_column), num_dropped
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        written, dropped = preprocess(
+            args.input, args.output, tokenizer, prompt_key=args.prompt_key,
+            answer_key=args.answer_key, max_prompt_length=args.max_prompt_length,
+            apply_chat_template=not args.no_chat_template, system_prompt=args.system_prompt,
+            progress=not args.no_progress)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {written} prompts to {args.output} ({dropped} dropped as longer than "
+          f"--max-prompt-length={args.max_prompt_length})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

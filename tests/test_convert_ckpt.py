@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_hf import make_tiny_hf_dir
+from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERT = str(REPO / "tools" / "convert_ckpt.py")

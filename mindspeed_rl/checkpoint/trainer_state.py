@@ -1,0 +1,141 @@
+"""Trainer checkpoints: actor model, optimizer, LR schedule, RNG, iteration, data position.
+
+Written into the same directory layout as converted checkpoints (``iter_0000010/``
++ ``latest_checkpointed_iteration.txt`` + the HF config/tokenizer files), so a
+training checkpoint is also an initial checkpoint for another run and converts
+to HF with ``tools/convert_ckpt.py``. Saving is atomic: every rank writes into
+``iter_XXXXXXX.tmp``; rank 0 renames it and only then moves the tracker file.
+A failed save removes the temporary folder; the previous checkpoint stays valid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, checkpoint_path,
+                                                  iteration_dir_name, write_meta)
+
+_OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rng_sharded_object(load: bool = False):
+    """This rank's RNG states as a ShardedObject indexed by (PP, TP) rank, DP replicas."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    state = None if load else {"torch": torch.get_rng_state(),
+                               "tracker": get_cuda_rng_tracker().get_states()}
+    return ShardedObject(
+        "rng_state", state,
+        (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
+        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+        replica_id=ps.get_data_parallel_rank())
+
+
+def _state_dict(actor, common: dict, *, loading: bool, with_optimizer: bool, with_rng: bool) -> dict:
+    model_sd = actor.model.sharded_state_dict()
+    state = {"model": model_sd, "common": common}
+    if with_optimizer:
+        state["optimizer"] = actor.optimizer.sharded_state_dict(
+            model_sd, is_loading=loading, metadata=_OPTIM_METADATA)
+    if with_rng:
+        state["rng_state"] = _rng_sharded_object(load=loading)
+    return state
+
+
+def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, actor, *,
+                            common: dict, hf_files_from: str | os.PathLike | None,
+                            architecture: str) -> Path:
+    """Collectively save the actor's training state at ``iteration``; returns the folder."""
+    from megatron.core import dist_checkpointing
+
+    save_dir = Path(save_dir)
+    final = save_dir / iteration_dir_name(iteration)
+    tmp = save_dir / (final.name + ".tmp")
+    if _rank() == 0:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        if hf_files_from and not (save_dir / META_FILE).exists():
+            from mindspeed_rl.models.hf_io import copy_metadata_files
+
+            copy_metadata_files(hf_files_from, save_dir)
+            write_meta(save_dir, architecture)
+    _barrier()
+    common = dict(common, iteration=iteration, scheduler=actor.scheduler.state_dict())
+    ok = torch.zeros(1)
+    try:
+        dist_checkpointing.save(_state_dict(actor, common, loading=False, with_optimizer=True,
+                                            with_rng=True), str(tmp))
+        ok.fill_(1)
+    finally:
+        # Every rank learns whether every rank wrote its shards before anything is renamed.
+        if dist.is_initialized():
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if _rank() == 0:
+            if ok.item() == 1:
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+                tracker_tmp = save_dir / (TRACKER_FILE + ".tmp")
+                tracker_tmp.write_text(f"{iteration}\n")
+                os.replace(tracker_tmp, save_dir / TRACKER_FILE)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+    if ok.item() != 1:
+        raise CheckpointError(f"{tmp}: saving iteration {iteration} failed on some rank; "
+                              f"the previous checkpoint in {save_dir} is unchanged")
+    return final
+
+
+def has_training_checkpoint(load_dir: str | os.PathLike | None) -> bool:
+    """True when ``load_dir`` holds a checkpoint written by the trainer (not a release one)."""
+    if not load_dir:
+        return False
+    tracker = Path(load_dir) / TRACKER_FILE
+    return tracker.is_file() and tracker.read_text().strip().isdigit()
+
+
+def load_trainer_checkpoint(load_dir: str | os.PathLike, actor, *, load_optimizer: bool = True,
+                            load_rng: bool = True) -> dict:
+    """Collectively restore a trainer checkpoint; returns its common state (iteration, data...)."""
+    from megatron.core import dist_checkpointing
+
+    path = checkpoint_path(load_dir, "latest")
+    common = dist_checkpointing.load_common_state_dict(str(path))["common"]
+    if load_optimizer:
+        # A fresh torch-Adam has no state (no 'step') to load into: create it; the
+        # values are overwritten by the load (megatron does the same for FSDP).
+        for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
+            opt._init_optimizer_states_with_dummy_values()
+    with torch.no_grad():
+        state = dist_checkpointing.load(
+            _state_dict(actor, {}, loading=True, with_optimizer=load_optimizer, with_rng=load_rng),
+            str(path))
+        actor.model.load_state_dict(state["model"], strict=True)
+        if load_optimizer:
+            actor.optimizer.load_state_dict(state["optimizer"])
+            actor.scheduler.load_state_dict(common["scheduler"])
+    if load_rng:
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        rng = state["rng_state"]
+        torch.set_rng_state(rng["torch"])
+        get_cuda_rng_tracker().set_states(rng["tracker"])
+    return common

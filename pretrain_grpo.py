@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""GRPO launcher (one SPMD program; run it under torchrun).
+
+  torchrun --nproc_per_node 2 pretrain_grpo.py --config configs/grpo_smollm2_demo.yaml \\
+      [rl_config.n_samples_per_prompt=8 ...]
+  python pretrain_grpo.py --config configs/grpo_qwen25_7b.yaml --dry-run --world-size 16
+
+The config is validated for the launched world size before any process group exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mindspeed_rl.config import ConfigError, load_config, make_plan, parse_launcher_args
+    from mindspeed_rl.config.cli import main as config_main
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_launcher_args(argv, prog="pretrain_grpo.py")
+        if args.dry_run:
+            return config_main(argv, prog="pretrain_grpo.py")
+        config = load_config(args.config, args.overrides)
+        plan = make_plan(config, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as error:
+        print(f"pretrain_grpo.py: error: {error}", file=sys.stderr)
+        return 2
+
+    import torch.distributed as dist
+
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel
+    from mindspeed_rl.platform import setup_platform
+    from mindspeed_rl.trainer import GRPOTrainer
+
+    platform = setup_platform()
+    if "RANK" not in os.environ:  # plain `python pretrain_grpo.py`: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    platform.set_device()
+    dist.init_process_group(platform.backend, timeout=timedelta(
+        seconds=max(1800, config.rl_config.transfer_dock_timeout_s)))
+    trainer = None
+    try:
+        if dist.get_rank() == 0:
+            print(plan.format(), flush=True)
+        trainer = GRPOTrainer(config, platform, plan.layout)
+        trainer.train()
+    finally:
+        destroy_megatron_parallel()
+        if trainer is not None:
+            trainer.close()  # vLLM's teardown also destroys the default process group
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":  # vLLM and dist_checkpointing spawn helpers that re-import __main__
+    sys.exit(main())

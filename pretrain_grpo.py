@@ -49,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
             print(plan.format(), flush=True)
         trainer = GRPOTrainer(config, platform, plan.layout)
         trainer.train()
+    except (ValueError, FileNotFoundError) as error:
+        # Bad input found while building (a dataset row, a tokenizer, a checkpoint): every
+        # rank reads the same files and fails alike, so report once and exit.
+        if dist.get_rank() == 0:
+            print(f"pretrain_grpo.py: error: {error}", file=sys.stderr, flush=True)
+        if os.environ.get("MINDSPEED_RL_DEBUG"):
+            raise
+        return 2
     finally:
         destroy_megatron_parallel()
         if trainer is not None:

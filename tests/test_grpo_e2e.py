@@ -62,8 +62,9 @@ def training_rows(rows):
 
 @pytest.mark.parametrize("layout", [
     ["actor_config.tensor_model_parallel_size=2", "generate_config.infer_tensor_parallel_size=1"],
+    # one mini-batch per iteration: the on-policy path (old log-probs from the update itself)
     ["actor_config.tensor_model_parallel_size=1", "actor_config.pipeline_model_parallel_size=2",
-     "generate_config.infer_tensor_parallel_size=2"],
+     "generate_config.infer_tensor_parallel_size=2", "rl_config.mini_batch_size=4"],
 ], ids=["tp2_to_tpg1", "pp2_to_tpg2"])
 def test_grpo_iterations_complete_with_all_metrics(assets, layout):
     name = "run_" + layout[0][-1] + layout[-1][-1]

@@ -217,7 +217,22 @@ class RolloutEngine:
     def weight_bytes(self) -> int:
         """Bytes of this rank's generation weights (its TP_g shard)."""
         def count(worker):
-            return sum(p.numel() * p.element_size() for p in worker.model_runner.model.parameters())
+            # vLLM-CPU packs linear weights into kernel handles and leaves an empty
+            # parameter behind (numel 0): count such a layer by its partition shape.
+            total, seen = 0, set()
+            for module in worker.model_runner.model.modules():
+                for name, p in module.named_parameters(recurse=False):
+                    if id(p) in seen:  # tied weights
+                        continue
+                    seen.add(id(p))
+                    if name == "weight" and p.numel() == 0 and hasattr(module, "cpu_linear") \
+                            and hasattr(module, "output_partition_sizes"):
+                        rows = sum(module.output_partition_sizes)
+                        cols = getattr(module, "input_size_per_partition", module.input_size)
+                        total += rows * cols * module.params_dtype.itemsize
+                    else:
+                        total += p.numel() * p.element_size()
+            return total
 
         return int(self.llm.collective_rpc(count)[0])
 

@@ -10,7 +10,7 @@ schedule; only response positions go through the vocabulary projection.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -113,7 +113,10 @@ class MegatronActor:
         def loss_fn(logits, mb: "MicroBatch"):
             logp = _response_logprobs(logits, mb, vocab_size)
             mask = mb.mask
-            pg_sum, stats = policy_loss(logp, mb.extras["logprobs_old"], mb.extras["advantages"],
+            # On-policy (one mini-batch, one epoch): the policy that would compute the old
+            # log-probs is this one, so they are exactly logp without gradient.
+            logp_old = mb.extras["logprobs_old"] if "logprobs_old" in mb.extras else logp.detach()
+            pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"],
                                         mask, clip_ratio, clip_ratio, "token-mean",
                                         num_tokens_global=1.0)  # = sum over this micro-batch
             loss = pg_sum
@@ -230,13 +233,12 @@ class _ResponseLogitsOnly:
             self._handle.remove()
 
 
-_HOOKS: dict[int, _ResponseLogitsOnly] = {}
-
-
 def _response_hook(model) -> _ResponseLogitsOnly:
-    hook = _HOOKS.get(id(model))
+    """The model's hook, installed on first use and kept on the model itself."""
+    hook = getattr(model, "_mindspeed_rl_response_logits", None)
     if hook is None:
-        hook = _HOOKS[id(model)] = _ResponseLogitsOnly(model)
+        hook = _ResponseLogitsOnly(model)
+        model._mindspeed_rl_response_logits = hook
     return hook
 
 
@@ -358,7 +360,3 @@ def _reduce_token_sums(sums: dict[str, float]) -> dict[str, float]:
     tokens = max(t[-1].item(), 1.0)
     return {k: (t[i] / tokens).item() for i, k in enumerate(keys[:-1])} | {"tokens": t[-1].item()}
 
-
-def rows_from_columns(prompts: Sequence[torch.Tensor], responses: Sequence[torch.Tensor],
-                      **extras: Sequence[torch.Tensor]) -> RowBatch:
-    return RowBatch(list(prompts), list(responses), {k: list(v) for k, v in extras.items()})

@@ -258,7 +258,15 @@ class GRPOTrainer:
         logp, _ = forward_logprobs(model, rows, micro_batch_size, self.arch.vocab_size)
         self.dock.put({out_column: logp}, rows=batch.rows)
 
+    @property
+    def on_policy(self) -> bool:
+        """One optimizer step per iteration: the update's own log-probs are the old ones."""
+        return self.config.rl_config.epochs == 1 and self.mini_batch_size == \
+            self.config.megatron_training.global_batch_size
+
     def _old_logprobs(self) -> None:
+        if self.on_policy:  # exactly equal to the update's detached log-probs: skip a forward
+            return
         self._forward_phase("old_log_p", self.actor.model, LOGP_OLD,
                             self.config.rl_config.actor_forward_micro_batch_size)
 
@@ -275,7 +283,8 @@ class GRPOTrainer:
     def _update(self) -> dict[str, float]:
         """``epochs`` passes of mini-batches; one optimizer step per mini-batch."""
         rl, ac, mt = self.config.rl_config, self.config.actor_config, self.config.megatron_training
-        columns = [PROMPT, RESPONSE, ADVANTAGE, LOGP_OLD] + ([LOGP_REF] if self.reference else [])
+        columns = [PROMPT, RESPONSE, ADVANTAGE] + ([] if self.on_policy else [LOGP_OLD]) + \
+            ([LOGP_REF] if self.reference else [])
         steps = []
         for epoch in range(rl.epochs):
             for _ in range(mt.global_batch_size // self.mini_batch_size):

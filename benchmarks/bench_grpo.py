@@ -1,0 +1,345 @@
+"""Benchmark GRPO iterations of a job config: per-phase timings, throughput and model FLOPs.
+
+Run under torchrun, with the launcher's arguments::
+
+    torchrun --nproc_per_node 2 benchmarks/bench_grpo.py --config configs/grpo_tiny_test.yaml \\
+        [--iterations 3] [--warmup 1] [dotted.key=value ...]
+
+The trainer is built exactly as ``pretrain_grpo.py`` builds it (load_config,
+make_plan, setup_platform, init_process_group, GRPOTrainer), with checkpoint
+saving and evaluation switched off (``actor_config.save=null``,
+``megatron_training.test_data_path=null``) and ``megatron_training.train_iters``
+set to warmup + iterations. ``--warmup`` iterations run first and are not
+counted; then ``--iterations`` iterations run through ``trainer.run_iteration``
+and rank 0 prints one JSON object as the last line of stdout (everything else
+goes to stderr) with
+
+* ``timing/<phase>``: the median seconds of every phase over the timed
+  iterations (``timing/all`` is the whole iteration);
+* ``e2e_tokens_per_s_per_device``: median of (prompt + response tokens of the
+  iteration) / ``timing/all`` / world size;
+* ``model_tflops_per_iteration`` and its split ``tflops_train``, ``tflops_ref``,
+  ``tflops_old``, ``tflops_rollout`` (median over the timed iterations);
+* ``achieved_gflops_per_device``: median over iterations of
+  (model FLOPs of the iteration) / ``timing/all`` / world / 1e9, and
+  ``achieved_gflops_per_device_by_phase`` for the four phases (each phase's
+  FLOPs over its own time);
+* ``matmul_peak_gflops_per_device`` (unless ``--no-matmul-peak``): an fp32
+  matmul measured on every rank at the same time after the run (the median
+  rank), and ``fraction_of_matmul_peak``; compare with the machine's matmul
+  peak (about 130-160 GFLOPS fp32 for the 2 cores of the CI machine, i.e. about
+  half of that per rank with 2 ranks);
+* the token counts, sample counts and layout the numbers were measured with.
+
+FLOPs model (model FLOPs of useful work, as in MFU: padding, recomputation,
+masked-out attention halves, optimizer, sampling and softmax are not counted)
+--------------------------------------------------------------------------------
+Notation: L layers, h hidden size, V vocabulary (unpadded), A = num_heads x
+head_dim (the attention width), N = non-embedding matmul parameters *active per
+token* (attention q/k/v/o incl. biases and qk-norm, gated MLP 3*h*I; for MoE the
+router, top-k routed experts and a shared expert), P and R the mean prompt and
+response length of the iteration (``prompt_length/mean``,
+``response_length/mean``), B = global_batch_size prompts, rows = B x
+n_samples_per_prompt responses.
+
+* body forward of one token: 2 N;
+* causal attention of one query that sees c keys (itself included): QK^T and
+  AV, 2 c A each per layer, so 4 L A c; a sequence of S tokens costs
+  4 L A S(S+1)/2 (computed with the mean lengths P and R);
+* LM head: 2 h V per position that is projected onto the vocabulary. Training
+  and log-prob forwards project only the response positions (the trainer's
+  ``_ResponseLogitsOnly``), so R positions per row, never the prompt;
+* one training / log-prob forward of a row: 2 N (P+R) + 4 L A (P+R)(P+R+1)/2 +
+  2 h V R;
+* ``tflops_train`` = epochs x rows x 3 x forward (backward = 2 x forward);
+* ``tflops_ref`` = rows x forward when the reference model runs
+  (``rl_config.init_kl_coef`` != 0), else 0;
+* ``tflops_old`` = rows x forward, or 0 when the trainer is on-policy
+  (``GRPOTrainer.on_policy``: one epoch, one mini-batch: the old-log-prob forward
+  is skipped);
+* ``tflops_rollout`` = prefill once per prompt, B x (2 N P + 4 L A P(P+1)/2)
+  (the n samples of a prompt share its prefill), plus decode of every generated
+  token over its context, rows x (2 N R + 2 h V R + 4 L A (P R + R(R+1)/2)).
+
+Reward, advantages and the resharding flow are not counted as FLOPs (their
+time is in ``timing/all``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+PROG = "bench_grpo.py"
+_EPILOG = """\
+examples:
+  torchrun --nproc_per_node 2 benchmarks/bench_grpo.py --config configs/grpo_tiny_test.yaml \\
+      megatron_training.model=/tmp/tiny/qwen2 megatron_training.data_path=/tmp/arith/train.jsonl
+  torchrun --nproc_per_node 2 benchmarks/bench_grpo.py --config configs/grpo_smollm2_demo.yaml \\
+      --iterations 3
+
+The options below are added to the config before your overrides (yours win):
+  megatron_training.log_dir=<--log-dir>
+and these after them (the benchmark needs them):
+  actor_config.save=null  megatron_training.test_data_path=null  megatron_training.test_interval=0
+  megatron_training.train_iters=<warmup + iterations>
+"""
+
+
+# ---------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------
+def _parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=PROG, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run GRPO iterations of a job config and print one JSON object (rank 0, last "
+                    "stdout line) with median per-phase timings, throughput and model FLOPs. "
+                    "Run under torchrun.")
+    p.add_argument("--config", required=True, help="job YAML, e.g. configs/grpo_tiny_test.yaml")
+    p.add_argument("--iterations", type=int, default=3,
+                   help="timed iterations (medians over them); default 3")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="iterations run first and not counted (vLLM and megatron warm-up); default 1")
+    p.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "bench_grpo_logs"),
+                   help="megatron_training.log_dir for the run's metrics.jsonl "
+                        "(default: %(default)s; an override of that key wins)")
+    p.add_argument("--matmul-peak", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the run, measure an fp32 matmul on every rank at once to compare "
+                        "achieved_gflops_per_device with (default: on)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted config overrides, e.g. rl_config.n_samples_per_prompt=8")
+    args = p.parse_intermixed_args(argv)
+    if args.iterations < 1:
+        p.error(f"--iterations must be >= 1 (got {args.iterations})")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0 (got {args.warmup})")
+    for text in args.overrides:
+        if "=" not in text:
+            p.error(f"argument {text!r} is not a dotted.key=value override "
+                    "(write e.g. rl_config.n_samples_per_prompt=8)")
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# FLOPs model (see the module docstring)
+# ---------------------------------------------------------------------------------------
+def active_body_parameters(spec) -> int:
+    """Non-embedding matmul parameters one token passes through (MoE: top-k experts)."""
+    h = spec.hidden_size
+    if spec.is_moe:
+        mlp = (spec.router_parameters_per_layer()
+               + (spec.num_experts_per_tok or 1) * 3 * h * spec.moe_intermediate_size
+               + spec.shared_expert_parameters_per_layer())
+    else:
+        mlp = 3 * h * spec.intermediate_size
+    return spec.num_hidden_layers * (spec.attention_parameters_per_layer() + mlp)
+
+
+def iteration_flops(spec, *, prompt_len: float, response_len: float, num_prompts: int,
+                    n_samples: int, epochs: int, with_ref: bool, with_old: bool) -> dict[str, float]:
+    """Model FLOPs of one GRPO iteration by phase (``train``, ``ref``, ``old``, ``rollout``)."""
+    n_body = active_body_parameters(spec)
+    layers, h, vocab = spec.num_hidden_layers, spec.hidden_size, spec.vocab_size
+    width = spec.num_attention_heads * spec.kv_channels
+    P, R = float(prompt_len), float(response_len)
+    rows = num_prompts * n_samples
+
+    def attention(first: float, last: float) -> float:
+        """Queries at positions first+1..last, each over all keys up to itself."""
+        return 4 * layers * width * (last * (last + 1) - first * (first + 1)) / 2
+
+    seq = P + R
+    forward = 2 * n_body * seq + attention(0, seq) + 2 * h * vocab * R  # one row
+    prefill = 2 * n_body * P + attention(0, P)  # once per prompt
+    decode = 2 * n_body * R + 2 * h * vocab * R + attention(P, P + R)  # per response
+    return {
+        "train": epochs * rows * 3 * forward,
+        "ref": rows * forward if with_ref else 0.0,
+        "old": rows * forward if with_old else 0.0,
+        "rollout": num_prompts * prefill + rows * decode,
+    }
+
+
+def matmul_gflops(size: int = 1024, seconds: float = 2.0) -> float:
+    """fp32 GFLOPS of this process's torch threads on a square matmul."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * size ** 3 * count / (time.perf_counter() - start) / 1e9
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _round(x, digits=4):
+    return None if x is None else round(x, digits)
+
+
+# ---------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------
+def run(args, config, plan) -> dict | None:
+    import torch
+    import torch.distributed as dist
+
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel
+    from mindspeed_rl.platform import setup_platform
+    from mindspeed_rl.trainer import GRPOTrainer
+
+    platform = setup_platform()
+    if "RANK" not in os.environ:  # plain `python bench_grpo.py`: a world of one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29512"))
+    platform.set_device()
+    dist.init_process_group(platform.backend, timeout=timedelta(
+        seconds=max(1800, config.rl_config.transfer_dock_timeout_s)))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    trainer = None
+    timed: list[dict] = []
+    try:
+        if rank == 0:
+            print(plan.format(), file=sys.stderr, flush=True)
+        trainer = GRPOTrainer(config, platform, plan.layout)
+        on_policy, with_ref = trainer.on_policy, trainer.reference is not None
+        for i in range(args.warmup + args.iterations):
+            metrics = trainer.run_iteration(i + 1)
+            if i >= args.warmup:
+                timed.append(dict(metrics))
+        peak = None
+        if args.matmul_peak:
+            dist.barrier()
+            mine = matmul_gflops()
+            everyone = [None] * world
+            dist.all_gather_object(everyone, mine)
+            peak = statistics.median(everyone)
+        threads = torch.get_num_threads()
+    finally:
+        destroy_megatron_parallel()
+        if trainer is not None:
+            trainer.close()  # vLLM's teardown also destroys the default process group
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return summarize(args, config, plan, timed, on_policy=on_policy, with_ref=with_ref,
+                     world=world, matmul_peak=peak, threads=threads, device=platform.device_type)
+
+
+def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_ref: bool,
+              world: int, matmul_peak: float | None, threads: int, device: str) -> dict:
+    mt, rl = config.megatron_training, config.rl_config
+    spec = config.model
+    prompts, n = mt.global_batch_size, rl.n_samples_per_prompt
+    rows = prompts * n
+    per_iter = []
+    for m in timed:
+        P, R = m["prompt_length/mean"], m["response_length/mean"]
+        flops = iteration_flops(spec, prompt_len=P, response_len=R, num_prompts=prompts,
+                                n_samples=n, epochs=rl.epochs, with_ref=with_ref,
+                                with_old=not on_policy)
+        total = sum(flops.values())
+        t_all = m["timing/all"]
+        by_phase = {}
+        for phase, key in (("train", "timing/update"), ("ref", "timing/reference_model"),
+                           ("old", "timing/old_log_p"), ("rollout", "timing/rollout")):
+            seconds = m.get(key)
+            by_phase[phase] = (flops[phase] / seconds / world / 1e9
+                               if flops[phase] and seconds else None)
+        per_iter.append({
+            "flops": flops, "total": total, "prompt_tokens": P * rows, "response_tokens": R * rows,
+            "e2e": (P + R) * rows / t_all / world,
+            "gflops": total / t_all / world / 1e9, "by_phase": by_phase,
+        })
+    timing_keys = sorted({k for m in timed for k in m if k.startswith("timing/")})
+    out: dict = {"config": config.config_path, "iterations": args.iterations, "warmup": args.warmup}
+    out.update({k: _round(_median(m.get(k) for m in timed)) for k in timing_keys})
+    achieved = _median(p["gflops"] for p in per_iter)
+    out.update({
+        "e2e_tokens_per_s_per_device": _round(_median(p["e2e"] for p in per_iter), 3),
+        "e2e_tokens_per_s_per_device_trainer_metric": _round(_median(
+            m.get("throughput/e2e_tokens_per_s_per_device") for m in timed), 3),
+        "rollout_tokens_per_s_per_device": _round(_median(
+            m.get("throughput/rollout_tokens_per_s_per_device") for m in timed), 3),
+        "model_tflops_per_iteration": _round(_median(p["total"] for p in per_iter) / 1e12, 6),
+        **{f"tflops_{k}": _round(_median(p["flops"][k] for p in per_iter) / 1e12, 6)
+           for k in ("train", "ref", "old", "rollout")},
+        "achieved_gflops_per_device": _round(achieved, 3),
+        "achieved_gflops_per_device_by_phase": {
+            k: _round(_median(p["by_phase"][k] for p in per_iter), 3)
+            for k in ("train", "ref", "old", "rollout")},
+        "matmul_peak_gflops_per_device": _round(matmul_peak, 2),
+        "fraction_of_matmul_peak": _round(achieved / matmul_peak, 4) if matmul_peak else None,
+        "prompt_tokens_per_iteration": _round(_median(p["prompt_tokens"] for p in per_iter), 1),
+        "response_tokens_per_iteration": _round(_median(p["response_tokens"] for p in per_iter), 1),
+        "prompt_length_mean": _round(_median(m["prompt_length/mean"] for m in timed), 2),
+        "response_length_mean": _round(_median(m["response_length/mean"] for m in timed), 2),
+        "prompts_per_iteration": prompts,
+        "responses_per_iteration": rows,
+        "n_samples_per_prompt": n,
+        "epochs": rl.epochs,
+        "on_policy": on_policy,
+        "reference_model": with_ref,
+        "num_parameters": spec.num_parameters(),
+        "active_body_parameters": active_body_parameters(spec),
+        "model": spec.describe(),
+        "world_size": world,
+        "tensor_model_parallel_size": plan.layout.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": plan.layout.pipeline_model_parallel_size,
+        "data_parallel_size": plan.layout.data_parallel_size,
+        "expert_model_parallel_size": plan.layout.expert_model_parallel_size,
+        "infer_tensor_parallel_size": plan.layout.infer_tensor_parallel_size,
+        "device_type": device,
+        "torch_threads_per_rank": threads,
+        "cpu_count": os.cpu_count(),
+        "per_iteration_seconds": [_round(m["timing/all"]) for m in timed],
+    })
+    return out
+
+
+def main(argv=None) -> int:
+    from mindspeed_rl.config import ConfigError, load_config, make_plan
+
+    args = _parse(argv)
+    overrides = [f"megatron_training.log_dir={args.log_dir}", *args.overrides,
+                 "actor_config.save=null", "megatron_training.test_data_path=null", "megatron_training.test_interval=0",
+                 f"megatron_training.train_iters={args.warmup + args.iterations}"]
+    try:
+        config = load_config(args.config, overrides)
+        plan = make_plan(config, int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    # Keep stdout for the JSON line: everything else (the trainer's console lines,
+    # megatron's and vLLM's output, C-level prints included) goes to stderr.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run(args, config, plan)
+    sys.stderr.flush()
+    if result is not None:
+        os.dup2(real_stdout, 1)
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":  # vLLM and dist_checkpointing spawn helpers that re-import __main__
+    sys.exit(main())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,17 +31,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, init_distributed
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.trainer import GRPOTrainer
 
     platform = setup_platform()
-    if "RANK" not in os.environ:  # plain `python pretrain_grpo.py`: a world of one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
-    platform.set_device()
-    dist.init_process_group(platform.backend, timeout=timedelta(
-        seconds=max(1800, config.rl_config.transfer_dock_timeout_s)))
+    init_distributed(platform, timeout_s=max(1800, config.rl_config.transfer_dock_timeout_s))
     trainer = None
     try:
         if dist.get_rank() == 0:

@@ -68,16 +68,15 @@ time is in ``timing/all``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from json_report import stdout_reserved_for_json  # noqa: E402 - benchmarks/ is on sys.path
 
 PROG = "bench_grpo.py"
 _EPILOG = """\
@@ -199,17 +198,12 @@ def run(args, config, plan) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, init_distributed
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.trainer import GRPOTrainer
 
     platform = setup_platform()
-    if "RANK" not in os.environ:  # plain `python bench_grpo.py`: a world of one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29512"))
-    platform.set_device()
-    dist.init_process_group(platform.backend, timeout=timedelta(
-        seconds=max(1800, config.rl_config.transfer_dock_timeout_s)))
+    init_distributed(platform, timeout_s=max(1800, config.rl_config.transfer_dock_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = None
     timed: list[dict] = []
@@ -326,18 +320,12 @@ def main(argv=None) -> int:
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    # Keep stdout for the JSON line: everything else (the trainer's console lines,
-    # megatron's and vLLM's output, C-level prints included) goes to stderr.
-    sys.stdout.flush()
-    real_stdout = os.dup(1)
-    os.dup2(2, 1)
-    with contextlib.redirect_stdout(sys.stderr):
+    # Keep stdout for the JSON line: the trainer's console lines, megatron's and vLLM's
+    # output (C-level prints included) go to stderr.
+    with stdout_reserved_for_json() as emit:
         result = run(args, config, plan)
-    sys.stderr.flush()
-    if result is not None:
-        os.dup2(real_stdout, 1)
-        sys.stdout.write(json.dumps(result) + "\n")
-        sys.stdout.flush()
+        if result is not None:
+            emit(result)
     return 0
 
 

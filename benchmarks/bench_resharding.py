@@ -47,16 +47,15 @@ else goes to stderr):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from json_report import stdout_reserved_for_json  # noqa: E402 - benchmarks/ is on sys.path
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe")
 LEDGER_NOTE = (
@@ -197,15 +196,15 @@ def run(args) -> dict | None:
     from mindspeed_rl.models.builder import describe_hf_dir, load_hf_weights
     from mindspeed_rl.models.hf_io import HFCheckpointReader
     from mindspeed_rl.parallel import ParallelLayout
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
+    from mindspeed_rl.parallel.groups import (destroy_megatron_parallel, init_distributed,
+                                              initialize_megatron_parallel)
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.resharding import Resharder
     from mindspeed_rl.rollout import RolloutEngine
     from mindspeed_rl.trainer.actor import MegatronActor, OptimizerSettings, build_policy_model
 
     platform = setup_platform()
-    platform.set_device()
-    dist.init_process_group(platform.backend, timeout=timedelta(seconds=1800))
+    init_distributed(platform)
     rank, world = dist.get_rank(), dist.get_world_size()
     hf_dir, tmp = _model_dir(args, rank)
     engine = None
@@ -324,26 +323,19 @@ def run(args) -> dict | None:
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    # Keep stdout for the JSON line: everything else (ours, megatron's, vLLM's, C-level
-    # prints included) goes to stderr.
-    sys.stdout.flush()
-    real_stdout = os.dup(1)
-    os.dup2(2, 1)
     from mindspeed_rl.parallel import LayoutError
     from mindspeed_rl.resharding import ReshardingError
     from mindspeed_rl.rollout import RolloutConfigError
 
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
+    # Keep stdout for the JSON line: ours, megatron's and vLLM's output go to stderr.
+    with stdout_reserved_for_json() as emit:
+        try:
             result = run(args)
-    except (LayoutError, ReshardingError, RolloutConfigError) as error:
-        print(f"bench_resharding.py: error: {error}", file=sys.stderr)
-        return 2
-    sys.stderr.flush()
-    if result is not None:
-        os.dup2(real_stdout, 1)
-        sys.stdout.write(json.dumps(result) + "\n")
-        sys.stdout.flush()
+        except (LayoutError, ReshardingError, RolloutConfigError) as error:
+            print(f"bench_resharding.py: error: {error}", file=sys.stderr)
+            return 2
+        if result is not None:
+            emit(result)
     return 0
 
 

@@ -20,7 +20,6 @@ line (exit 1 above --logprob-tolerance).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -49,15 +48,13 @@ def main(argv=None) -> int:
 
     from mindspeed_rl.checkpoint.errors import CheckpointError
     from mindspeed_rl.models.parity import check_parity
+    from mindspeed_rl.parallel.groups import init_distributed
     from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
     from mindspeed_rl.platform import setup_platform
 
     platform = setup_platform()
-    rank = int(os.environ.get("RANK", "0"))
-    if "RANK" not in os.environ:  # plain `python tools/check_parity.py`: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29577"))
-    dist.init_process_group(platform.backend)
+    init_distributed(platform)
+    rank = dist.get_rank()
     try:
         layout = ParallelLayout(
             world_size=dist.get_world_size(),

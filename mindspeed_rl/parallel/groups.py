@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
+
 import torch.distributed as dist
 
 from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
+
+
+def init_distributed(platform, timeout_s: float = 1800) -> None:
+    """Start torch.distributed for a launcher or tool on ``platform``'s backend.
+
+    Under torchrun the environment names rank and world; a plain ``python tool.py``
+    runs as a world of one (on a free port, so two such runs do not collide).
+    """
+    if "RANK" not in os.environ:
+        from mindspeed_rl.testing.multiprocess import free_port
+
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
+    platform.set_device()
+    dist.init_process_group(platform.backend, timeout=timedelta(seconds=timeout_s))
 
 
 def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234) -> None:

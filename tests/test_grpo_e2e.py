@@ -103,3 +103,11 @@ def test_resume_reproduces_uninterrupted_run(assets):
                 "actor/entropy", "actor/grad_norm", "actor/lr"):
         assert resumed[3][key] == pytest.approx(full[3][key], rel=1e-6, abs=1e-9), key
     assert resumed[2]["actor/grad_norm"] == pytest.approx(full[2]["actor/grad_norm"], rel=1e-6)
+    # The trained policy exports to an HF directory that transformers loads.
+    hf_out = assets["root"] / "exported"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "convert_ckpt.py"), "--load-model-type", "mg",
+                    "--save-model-type", "hf", "--load-dir", str(part_ckpt), "--save-dir", str(hf_out),
+                    "--no-progress"], check=True, capture_output=True, timeout=300)
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(str(hf_out)).config.model_type == "qwen2"

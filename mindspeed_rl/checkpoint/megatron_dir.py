@@ -98,8 +98,11 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
     path = checkpoint_path(mg_dir, iteration)
     try:
         with torch.no_grad():
-            state = dist_checkpointing.load(model.sharded_state_dict(), str(path))
-            model.load_state_dict(state, strict=True)
+            request = model.sharded_state_dict()
+            state = dist_checkpointing.load(request, str(path))
+            # A trainer checkpoint also holds optimizer, RNG and run state; dist_checkpointing
+            # returns its non-sharded part (common.pt) beside what was asked for.
+            model.load_state_dict({k: v for k, v in state.items() if k in request}, strict=True)
     except CheckpointError:
         raise
     # torch's CheckpointException derives from BaseException and wraps each rank's error.

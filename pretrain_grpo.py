@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, init_distributed
+    from mindspeed_rl.parallel.groups import init_distributed, teardown_distributed
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.trainer import GRPOTrainer
 
@@ -52,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return 2
     finally:
-        destroy_megatron_parallel()
-        if trainer is not None:
-            trainer.close()  # vLLM's teardown also destroys the default process group
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        teardown_distributed(trainer.close if trainer is not None else None)
     return 0
 
 

@@ -198,7 +198,7 @@ def run(args, config, plan) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, init_distributed
+    from mindspeed_rl.parallel.groups import init_distributed, teardown_distributed
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.trainer import GRPOTrainer
 
@@ -225,11 +225,7 @@ def run(args, config, plan) -> dict | None:
             peak = statistics.median(everyone)
         threads = torch.get_num_threads()
     finally:
-        destroy_megatron_parallel()
-        if trainer is not None:
-            trainer.close()  # vLLM's teardown also destroys the default process group
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        teardown_distributed(trainer.close if trainer is not None else None)
     if rank != 0:
         return None
     return summarize(args, config, plan, timed, on_policy=on_policy, with_ref=with_ref,

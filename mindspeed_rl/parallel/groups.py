@@ -56,3 +56,13 @@ def destroy_megatron_parallel() -> None:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
+
+
+def teardown_distributed(close=None) -> None:
+    """Release megatron's groups, then ``close()`` (e.g. the trainer: vLLM's engine teardown
+    also destroys the default process group), then torch.distributed if still up."""
+    destroy_megatron_parallel()
+    if close is not None:
+        close()
+    if dist.is_initialized():
+        dist.destroy_process_group()

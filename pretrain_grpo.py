@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         if dist.get_rank() == 0:
-            print(plan.format(), flush=True)
+            print(plan.format(header=f"pretrain_grpo.py: {args.config} on {plan.world_size} "
+                                     "ranks (memory figures are estimates)"), flush=True)
         trainer = GRPOTrainer(config, platform, plan.layout)
         trainer.train()
     except (ValueError, FileNotFoundError) as error:

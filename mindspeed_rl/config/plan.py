@@ -81,11 +81,14 @@ class Plan:
             "phase_bytes": dict(self.phase_bytes),
         }
 
-    def format(self) -> str:
-        """The plan as a readable table (what ``--dry-run`` prints)."""
+    def format(self, header: str | None = None) -> str:
+        """The plan as a readable table (what ``--dry-run`` prints; a launcher passes its
+        own ``header``)."""
         lay, s = self.layout, self.samples
-        lines = [f"dry-run OK: {self.config_path} on {self.world_size} ranks "
-                 "(nothing started, no weights read)", ""]
+        if header is None:
+            header = (f"dry-run OK: {self.config_path} on {self.world_size} ranks "
+                      "(nothing started, no weights read)")
+        lines = [header, ""]
         lines += [f"model       {self.model['source']}",
                   f"            {self.model['description']}",
                   f"            {self.model['num_parameters']:,} parameters "

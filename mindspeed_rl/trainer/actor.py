@@ -135,7 +135,8 @@ class MegatronActor:
                 sums[key] = sums.get(key, 0.0) + float(value)
             return loss, n.to(torch.int), {"loss": loss.detach().clone()}
 
-        _run_schedule(self.ddp, self.model, batch, micro_batch_size, loss_fn, forward_only=False)
+        _run_schedule(self.ddp, self.model, make_micro_batches(batch, micro_batch_size),
+                      loss_fn, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         stats = _reduce_token_sums(sums)
@@ -242,12 +243,13 @@ def _response_hook(model) -> _ResponseLogitsOnly:
     return hook
 
 
-def _run_schedule(ddp_or_model, model, batch: RowBatch, micro_batch_size: int,
+def _run_schedule(ddp_or_model, model, micro: list[MicroBatch],
                   loss_fn: Callable, forward_only: bool):
-    """Run ``batch`` through megatron's schedule; ``loss_fn(logits [b, R, V/tp], mb)``."""
+    """Run equal-shape micro-batches through megatron's schedule.
+
+    ``loss_fn(logits [b, R, V/tp], mb)`` receives each micro-batch's response logits."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    micro = make_micro_batches(batch, micro_batch_size)
     hook = _response_hook(model)
 
     def forward_step(data_iterator, _model):
@@ -263,7 +265,7 @@ def _run_schedule(ddp_or_model, model, batch: RowBatch, micro_batch_size: int,
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micro), model=[ddp_or_model],
             num_microbatches=len(micro), seq_length=micro[0].tokens.size(1),
-            micro_batch_size=micro_batch_size, forward_only=forward_only)
+            micro_batch_size=micro[0].tokens.size(0), forward_only=forward_only)
     finally:
         hook.index = None
 
@@ -327,8 +329,8 @@ def forward_logprobs(model, batch: RowBatch, micro_batch_size: int, vocab_size: 
         per_mb.append((logp, ent))
         return logp.new_zeros(()), {}
 
-    _run_schedule(model, model, batch, micro_batch_size, loss_fn, forward_only=True)
     micro = make_micro_batches(batch, micro_batch_size)
+    _run_schedule(model, model, micro, loss_fn, forward_only=True)
     resp_len = micro[0].mask.size(1)
     logp_all = torch.zeros(len(micro) * micro_batch_size, resp_len)
     ent_all = torch.zeros_like(logp_all)

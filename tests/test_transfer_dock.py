@@ -94,7 +94,7 @@ def _iteration(mode: str, world: int, groups_per_rank: list[int], seed: int) -> 
         dock.put({"logprobs_ref": [_logprobs_ref(t) for t in batch["response_ids"]]},
                  rows=batch.rows)
     else:
-        dock.put({})
+        dock.put({}, rows=[])
 
     # 4. advantages: every rank its own DP rank, whole groups (GRPO).
     batch = dock.get("advantages", ["rewards"], num_rows // world, whole_groups=True)
@@ -261,3 +261,96 @@ def test_misuse_fails_clearly_and_timeout_bounds_the_wait():
     elapsed, message = results[0][1].split("|", 1)
     assert float(elapsed[:-1]) < 8, results[0]
     assert "get for consumer 'actor_update'" in message and "timeout_s=3" in message
+
+
+def _protocol_scenario() -> dict:
+    """Control-protocol behaviour on 2 ranks (one DP rank of two TP peers)."""
+    rank = dist.get_rank()
+    out: dict = {}
+    tp_pair = ConsumerLayout(((0, 1),))
+    for mode in ("distributed", "centralized"):
+        dock = build_transfer_dock(mode, timeout_s=30)
+        cells = [torch.arange(100 * (i + 1)) for i in range(4)] if rank == 0 else []
+        rows = dock.put({"ids": cells})
+        # A second consumer of cells this rank already received moves nothing in
+        # distributed mode; the centralized buffer serves them again.
+        first = dock.get("actor_logprobs", ["ids"], 4, tp_pair)
+        received_after_first = dock.metrics.row_bytes_received
+        second = dock.get("ref_logprobs", ["ids"], 4, tp_pair)
+        # A put of results is local: no collective until the next get publishes it.
+        before = dock.metrics.num_collectives
+        dock.put({"lp": [c.float() * -1 for c in second["ids"]]} if rank == 1 else {},
+                 rows=second.rows if rank == 1 else [])
+        put_collectives = dock.metrics.num_collectives - before
+        third = dock.get("actor_update", ["ids", "lp"], 4, tp_pair)
+        out[mode] = {
+            "rows": rows, "put_collectives": put_collectives,
+            "received": [received_after_first, dock.metrics.row_bytes_received],
+            "same": all(torch.equal(a, b) and torch.equal(a, c)
+                        for a, b, c in zip(first["ids"], second["ids"], third["ids"])),
+            "lp_ok": all(torch.equal(lp, ids.float() * -1)
+                         for ids, lp in zip(third["ids"], third["lp"])),
+        }
+
+    # Metadata larger than eager_bytes takes a second all-to-all and arrives intact.
+    dock = build_transfer_dock("distributed", timeout_s=30, eager_bytes=64)
+    dock.put({"ids": [torch.arange(n) + rank for n in range(1, 41)]})
+    batch = dock.get("c", ["ids"], 40)
+    out["overflow"] = (dock.metrics.num_collectives,
+                       [t.tolist() == (torch.arange(len(t)) + t[0]).tolist() for t in batch["ids"]])
+
+    # A put of results for a row that does not exist fails at the get that
+    # publishes it, on every rank, naming the row; the dock stays usable.
+    dock.put({"lp": [torch.zeros(3)]} if rank == 0 else {}, rows=[999] if rank == 0 else [])
+    try:
+        dock.get("d", ["ids"], 1)
+        out["bad_put"] = "no error"
+    except TransferDockError as e:
+        out["bad_put"] = str(e)
+    out["after_bad_put"] = len(dock.get("d", ["ids"], 1))
+
+    # A rank that skips clear() is caught by the next call.
+    if rank == 0:
+        dock.clear()
+    try:
+        dock.put({})
+        out["skipped_clear"] = "no error"
+    except TransferDockError as e:
+        out["skipped_clear"] = str(e)
+
+    # Mixing the two kinds of put in one call is caught, with the fix in the message.
+    dock = build_transfer_dock("distributed", timeout_s=30)
+    dock.put({"ids": [torch.arange(3)]})
+    try:
+        if rank == 0:
+            dock.put({"lp": [torch.zeros(3)]}, rows=[0])
+            dock.get("e", ["ids", "lp"], 1)
+        else:
+            dock.put({})  # should have been rows=[]
+        out["mixed"] = "no error"
+    except TransferDockError as e:
+        out["mixed"] = str(e)
+    return out
+
+
+def test_control_protocol_replicas_deferred_puts_overflow_and_misuse():
+    results = run_on_ranks(_protocol_scenario, 2, timeout=120)
+    for r in results:
+        d, c = r["distributed"], r["centralized"]
+        assert d["same"] and d["lp_ok"] and c["same"] and c["lp_ok"]
+        # distributed: no collective; centralized: control + moving rank 1's cells to rank 0
+        assert d["put_collectives"] == 0 and c["put_collectives"] == 2
+    # rank 1 received the cells once (distributed) vs. for every consumer (centralized)
+    d1, c1 = results[1]["distributed"], results[1]["centralized"]
+    bytes_ids = sum(100 * (i + 1) for i in range(4)) * 8
+    assert d1["received"] == [bytes_ids, bytes_ids]  # the second and third gets moved nothing
+    assert c1["received"][0] == bytes_ids and c1["received"][1] >= 3 * bytes_ids
+    for r in results:
+        collectives, intact = r["overflow"]
+        assert all(intact) and len(intact) == 40
+        # put: control + overflow; get: control only (each rank's own rows stay local)
+        assert collectives == 3
+        assert "row 999" in r["bad_put"] and "published with this get" in r["bad_put"]
+        assert r["after_bad_put"] == 1
+        assert "ranks disagree" in r["skipped_clear"] and "after 1 clear()" in r["skipped_clear"]
+        assert "ranks disagree" in r["mixed"] and "rows=[]" in r["mixed"]

@@ -70,13 +70,15 @@ def test_controller_row_ids_owners_and_groups():
     ctl.apply_put(_rollout([2, 4], [5, 6, 7, 8, 9, 10], group=2))
     assert ctl.num_rows == 6
     assert [ctl.owner(r, "ids") for r in range(6)] == [0, 0, 1, 1, 1, 1]
-    assert ctl.group_per_row == [0, 0, 2, 2, 4, 4]
+    assert ctl.group.tolist() == [0, 0, 2, 2, 4, 4]
     assert ctl.num_bytes(3, "ids") == 8 * 8
     # Both TP peers put the same result: one keeper per cell, rotating by row.
     shapes = tuple((1,) for _ in range(6))
     rec = PutRecord(rows=tuple(range(6)), columns={"lp": ("torch.float32", shapes)})
     placements = ctl.apply_put([rec, rec])
-    assert [owner for _, _, owner in placements] == [0, 1, 0, 1, 0, 1]
+    [(column, rows, owners)] = placements
+    assert column == "lp" and rows.tolist() == list(range(6))
+    assert owners.tolist() == [0, 1, 0, 1, 0, 1]
     with pytest.raises(TransferDockError, match="already written"):
         ctl.apply_put([rec, PutRecord()])
 

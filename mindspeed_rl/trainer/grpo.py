@@ -235,7 +235,7 @@ class GRPOTrainer:
         if self.is_gen_writer:
             self.dock.put({REWARD: list(total.unsqueeze(-1))}, rows=rollout.row_ids)
         else:
-            self.dock.put({})
+            self.dock.put({}, rows=[])
         return total
 
     def _advantages(self, rollout: RolloutRows, rewards: torch.Tensor) -> None:
@@ -244,7 +244,7 @@ class GRPOTrainer:
         if self.is_gen_writer:
             self.dock.put({ADVANTAGE: list(adv.unsqueeze(-1))}, rows=rollout.row_ids)
         else:
-            self.dock.put({})
+            self.dock.put({}, rows=[])
 
     def _rows_per_dp_rank(self, num_prompts: int) -> int:
         return num_prompts * self.n // self.layout.data_parallel_size

@@ -36,6 +36,17 @@ def _check_sizes(num_units: int, num_dp_ranks: int, units_per_dp_rank: int) -> N
                          f"{units_per_dp_rank} units each")
 
 
+# Locality of one unit: ``{dp_rank: bytes}`` or a per-DP-rank list of bytes.
+UnitLocality = Mapping[int, int] | Sequence[int]
+
+
+def _local_items(locality: UnitLocality) -> list[tuple[int, int]]:
+    """``(dp_rank, bytes)`` pairs with bytes > 0, ascending by DP rank."""
+    if isinstance(locality, Mapping):
+        return sorted((d, n) for d, n in locality.items() if n > 0)
+    return [(d, n) for d, n in enumerate(locality) if n > 0]
+
+
 def _descending(unit_lengths: Sequence[int]) -> list[int]:
     # Longest first (LPT); equal lengths in index order so every rank sorts alike.
     return sorted(range(len(unit_lengths)), key=lambda u: (-unit_lengths[u], u))
@@ -63,7 +74,7 @@ def greedy_balance(unit_lengths: Sequence[int], num_dp_ranks: int,
 
 
 def _match_bins_to_dp_ranks(units_per_bin: list[list[int]],
-                            local_bytes_per_unit: Sequence[Mapping[int, int]]) -> list[list[int]]:
+                            local_bytes_per_unit: Sequence[UnitLocality]) -> list[list[int]]:
     """Relabel balanced bins so that each lands on the DP rank holding most of its bytes.
 
     Bins are interchangeable for balance, so this keeps the token counts and only
@@ -75,7 +86,7 @@ def _match_bins_to_dp_ranks(units_per_bin: list[list[int]],
     for b, units in enumerate(units_per_bin):
         local_per_dp: dict[int, int] = {}
         for u in units:
-            for d, nbytes in local_bytes_per_unit[u].items():
+            for d, nbytes in _local_items(local_bytes_per_unit[u]):
                 local_per_dp[d] = local_per_dp.get(d, 0) + nbytes
         pairs.extend((-nbytes, b, d) for d, nbytes in local_per_dp.items() if nbytes > 0)
     pairs.sort()
@@ -92,15 +103,17 @@ def _match_bins_to_dp_ranks(units_per_bin: list[list[int]],
     return result
 
 
-def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[Mapping[int, int]],
+def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[UnitLocality],
                  num_dp_ranks: int, units_per_dp_rank: int,
                  tolerance: int | None = None) -> list[list[int]]:
     """Assign units to DP ranks: balanced by tokens, preferring units already local.
 
     Args:
         unit_lengths: token count of each unit.
-        local_bytes_per_unit: for each unit, ``{dp_rank: bytes of the unit held by
-            a rank of that DP rank}`` (empty when no consumer rank holds it).
+        local_bytes_per_unit: for each unit, the bytes of it already in place at
+            each DP rank (summed over the DP rank's TP/PP peers), as
+            ``{dp_rank: bytes}`` (empty when no consumer rank holds it) or a
+            list indexed by DP rank.
         num_dp_ranks: number of bins.
         units_per_dp_rank: exact number of units per bin.
         tolerance: how many tokens above the least-loaded open bin a local bin may
@@ -137,7 +150,7 @@ def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[Map
         min_load = load
         choice = b
         best_local = 0
-        for d, nbytes in sorted(local_bytes_per_unit[u].items()):
+        for d, nbytes in _local_items(local_bytes_per_unit[u]):
             if (nbytes > best_local and len(bins[d]) < units_per_dp_rank
                     and loads[d] <= min_load + tolerance):
                 choice, best_local = d, nbytes

@@ -11,6 +11,8 @@ centralized``.
 
 from __future__ import annotations
 
+import numpy as np
+
 from mindspeed_rl.transfer_dock.dock import TransferDock
 
 
@@ -19,6 +21,12 @@ class CentralizedTransferDock(TransferDock):
 
     mode = "centralized"
 
-    def _home(self, owner: int) -> int:
-        """Every cell is stored on rank 0, whoever computed it."""
-        return 0
+    keeps_copies = False  # consumers and producers hand everything to the buffer
+
+    def _senders(self, owners: np.ndarray) -> np.ndarray:
+        """Every cell is stored on, and served from, rank 0, whoever computed it."""
+        return np.zeros_like(owners)
+
+    def _held_by(self, rank: int, reached: np.ndarray) -> np.ndarray:
+        """Only rank 0 holds cells."""
+        return np.full(reached.shape, rank == 0)

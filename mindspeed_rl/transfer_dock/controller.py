@@ -1,11 +1,17 @@
 """Row metadata of one iteration, replicated on every rank of the TransferDock.
 
 The controller never holds tensors. Each put publishes a small
-:class:`PutRecord` per rank (all-gathered by the dock); every rank applies the
-same records in the same order, so the metadata — and every decision computed
-from it (row ids, owners, which rows a get returns and to whom) — is identical
-on every rank without a coordinator. The only thing a rank's local view adds is
-which of those rows it physically holds (the warehouse).
+:class:`PutRecord` per rank (exchanged by the dock's control collective); every
+rank applies the same records in the same order, so the metadata — and every
+decision computed from it (row ids, owners, which rows a get returns and to
+whom) — is identical on every rank without a coordinator. The only thing a
+rank's local view adds is which of those rows it physically holds (the warehouse).
+
+Metadata is stored column-wise in numpy arrays indexed by row id (owner, element
+count and shape of every cell; token length, group and taken flags of every
+row), so applying a put or planning a get costs a few vectorised operations per
+column rather than Python work per cell: every rank runs this control path on
+every call, and on an oversubscribed host the ranks' Python time adds up.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mindspeed_rl.transfer_dock.assignment import assign_units
@@ -22,34 +29,110 @@ class TransferDockError(RuntimeError):
     """A put or get that is inconsistent or can never be satisfied."""
 
 
+def _int_array(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
 @dataclass(frozen=True)
 class PutRecord:
     """What one rank publishes about its part of a put (metadata only).
 
     Either ``num_new_rows`` > 0 (the rank creates rows; ids are allocated by the
     controller) or ``rows`` lists existing global row ids it writes columns for.
+    ``columns`` maps a column name to ``(dtype name, shapes)`` with ``shapes`` a
+    ``[num_rows, ndim]`` int64 array (one row per cell, in put order); sequences
+    of shape tuples are accepted and converted.
     """
 
     num_new_rows: int = 0
-    rows: tuple[int, ...] = ()
-    # column -> (dtype name, shape of each row in put order)
-    columns: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
-    token_lengths: tuple[int, ...] = ()  # only for new rows
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    columns: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
+    token_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # new rows
     num_rows_per_group: int = 1  # only for new rows
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", _int_array(self.rows))
+        object.__setattr__(self, "token_lengths", _int_array(self.token_lengths))
+        columns = {}
+        for name, (dtype_name, shapes) in self.columns.items():
+            shapes = np.asarray(shapes, dtype=np.int64)
+            if shapes.ndim != 2:  # () shapes of scalars arrive as [n, 0]
+                shapes = shapes.reshape(len(shapes), -1)
+            columns[name] = (dtype_name, shapes)
+        object.__setattr__(self, "columns", columns)
 
-# One cell written by a put: (row, column, owner) where owner is the dock rank
-# that computed it and, in distributed mode, keeps it. A plain tuple: puts
-# create thousands of these.
-ItemPlacement = tuple[int, str, int]
+
+# The cells one put wrote to one column: (column, rows ascending, owner dock rank
+# per row). The owner computed the cell and, in distributed mode, keeps it.
+ColumnPlacement = tuple[str, np.ndarray, np.ndarray]
 
 
-@dataclass
+class RankSets:
+    """Interned sets of dock ranks, so per-cell metadata can name a set by an int id.
+
+    Id 0 is the empty set. Ids are stable for the life of the controller (the
+    sets that occur — TP/PP peers of a DP rank, their unions — are few).
+    """
+
+    def __init__(self) -> None:
+        self.sets: list[frozenset[int]] = [frozenset()]
+        self._ids: dict[frozenset[int], int] = {frozenset(): 0}
+        self._member: dict[int, np.ndarray] = {}  # rank -> [num sets] bool
+
+    def id_of(self, ranks) -> int:
+        key = frozenset(int(r) for r in ranks)
+        set_id = self._ids.get(key)
+        if set_id is None:
+            set_id = self._ids[key] = len(self.sets)
+            self.sets.append(key)
+        return set_id
+
+    def contains(self, set_ids: np.ndarray, rank: int) -> np.ndarray:
+        """Elementwise: does set ``set_ids[i]`` contain ``rank``."""
+        member = self._member.get(rank)
+        if member is None or len(member) < len(self.sets):
+            member = self._member[rank] = np.array([rank in s for s in self.sets], dtype=bool)
+        return member[set_ids]
+
+    def union(self, set_ids: np.ndarray, ranks) -> np.ndarray:
+        """Elementwise: the id of ``set_ids[i] | ranks``."""
+        unique, inverse = np.unique(set_ids, return_inverse=True)
+        extra = frozenset(int(r) for r in ranks)
+        return np.array([self.id_of(self.sets[i] | extra) for i in unique.tolist()],
+                        dtype=np.int64)[inverse.reshape(-1)].reshape(set_ids.shape)
+
+
 class _Column:
-    dtype: torch.dtype
-    owner_per_row: dict[int, int] = field(default_factory=dict)
-    shape_per_row: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    numel_per_row: dict[int, int] = field(default_factory=dict)
+    """Per-row metadata of one column; ``owner == -1`` means not written yet.
+
+    ``owner`` is the rank that serves the cell to ranks lacking it (the keeper
+    among the ranks that computed it). ``reached`` (a :class:`RankSets` id) is
+    every rank that computed the cell or received it from a get this
+    iteration: the ranks that need no transfer to use it again.
+    """
+
+    def __init__(self, dtype: torch.dtype, ndim: int, num_rows: int) -> None:
+        self.dtype = dtype
+        self.ndim = ndim
+        self.owner = np.full(num_rows, -1, dtype=np.int64)
+        self.reached = np.zeros(num_rows, dtype=np.int64)
+        self.numel = np.zeros(num_rows, dtype=np.int64)
+        self.shape = np.zeros((num_rows, ndim), dtype=np.int64)
+
+    def grow(self, num_rows: int) -> None:
+        extra = num_rows - len(self.owner)
+        if extra > 0:
+            self.owner = np.concatenate([self.owner, np.full(extra, -1, dtype=np.int64)])
+            self.reached = np.concatenate([self.reached, np.zeros(extra, dtype=np.int64)])
+            self.numel = np.concatenate([self.numel, np.zeros(extra, dtype=np.int64)])
+            self.shape = np.concatenate([self.shape, np.zeros((extra, self.ndim), np.int64)])
+
+    def nbytes(self, rows: np.ndarray) -> np.ndarray:
+        return self.numel[rows] * self.dtype.itemsize
+
+    @property
+    def num_written(self) -> int:
+        return int((self.owner >= 0).sum())
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -60,112 +143,138 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 class Controller:
     """Per-row metadata: owner rank per column, token length, group, taken flags.
 
-    ``rank_of_dp_rank`` style arguments are dock ranks (0 .. dock size - 1).
+    Ranks in arguments and results are dock ranks (0 .. dock size - 1).
     """
 
     def __init__(self) -> None:
+        self.rank_sets = RankSets()
         self.clear()
 
     def clear(self) -> None:
         """Forget every row (next iteration); row ids restart at 0."""
         self.num_rows = 0
-        self.token_length_per_row: list[int] = []
-        self.group_per_row: list[int] = []  # group id = first row id of the group
-        self.rows_per_group: dict[int, list[int]] = {}
+        self.token_length = np.zeros(0, dtype=np.int64)
+        self.group = np.zeros(0, dtype=np.int64)  # group id = first row id of the group
         self.columns: dict[str, _Column] = {}
-        self.taken_per_consumer: dict[str, set[int]] = {}
+        self._taken: dict[str, np.ndarray] = {}
 
     # ---- put -----------------------------------------------------------------
-    def apply_put(self, record_per_rank: Sequence[PutRecord]) -> list[ItemPlacement]:
-        """Apply every rank's record of one put; return the cells written, with owners,
-        in (column, row) order.
+    def apply_put(self, record_per_rank: Sequence[PutRecord]) -> list[ColumnPlacement]:
+        """Apply every rank's record of one put; return the cells written, per column
+        (columns sorted by name, rows ascending), with their owners.
 
         Validates everything before changing any state, so a bad put raises the
         same error on every rank and leaves the metadata untouched.
         """
-        new_rows_per_rank: list[list[int]] = []
         next_row = self.num_rows
+        rows_per_rank: list[np.ndarray] = []
         for rank, rec in enumerate(record_per_rank):
-            if rec.num_new_rows and rec.rows:
+            if rec.num_new_rows and len(rec.rows):
                 raise TransferDockError(f"rank {rank}: a put either creates rows or writes "
                                         "existing rows, not both")
             if rec.num_new_rows % max(rec.num_rows_per_group, 1):
                 raise TransferDockError(
                     f"rank {rank} put {rec.num_new_rows} new rows, not a multiple of "
                     f"num_rows_per_group={rec.num_rows_per_group}")
-            new_rows_per_rank.append(list(range(next_row, next_row + rec.num_new_rows)))
-            next_row += rec.num_new_rows
+            if rec.num_new_rows:
+                rows = np.arange(next_row, next_row + rec.num_new_rows, dtype=np.int64)
+                next_row += rec.num_new_rows
+            else:
+                rows = rec.rows
+            if rec.num_new_rows and len(rec.token_lengths) != rec.num_new_rows:
+                raise TransferDockError(f"rank {rank} put {rec.num_new_rows} new rows with "
+                                        f"{len(rec.token_lengths)} token lengths")
+            rows_per_rank.append(rows)
 
-        # column -> row -> ranks offering the cell / its shape
-        writers: dict[str, dict[int, list[int]]] = {}
-        shape_of: dict[str, dict[int, tuple[int, ...]]] = {}
-        dtype_of: dict[str, torch.dtype] = {c: col.dtype for c, col in self.columns.items()}
-        for rank, rec in enumerate(record_per_rank):
-            rows = new_rows_per_rank[rank] if rec.num_new_rows else list(rec.rows)
-            if rows and (min(rows) < 0 or max(rows) >= next_row):
-                bad = next(r for r in rows if not 0 <= r < next_row)
+        # column -> [(rows, rank, shapes)] of the ranks writing it
+        writers: dict[str, list[tuple[np.ndarray, int, np.ndarray]]] = {}
+        dtype_of = {c: col.dtype for c, col in self.columns.items()}
+        ndim_of = {c: col.ndim for c, col in self.columns.items()}
+        for rank, (rec, rows) in enumerate(zip(record_per_rank, rows_per_rank)):
+            if len(rows) and (rows.min() < 0 or rows.max() >= next_row):
+                bad = int(rows[(rows < 0) | (rows >= next_row)][0])
                 raise TransferDockError(f"rank {rank} put row {bad}, which does not exist "
                                         f"(this iteration has {self.num_rows} rows)")
-            if len(set(rows)) != len(rows):
+            if len(np.unique(rows)) != len(rows):
                 raise TransferDockError(f"rank {rank} put the same row twice in one put")
             for name, (dtype_name, shapes) in rec.columns.items():
                 dtype = dtype_from_name(dtype_name)
                 if dtype_of.setdefault(name, dtype) != dtype:
                     raise TransferDockError(f"rank {rank} put column {name!r} as {dtype}, but it "
                                             f"holds {dtype_of[name]}")
-                existing = self.columns[name].owner_per_row if name in self.columns else {}
-                clash = existing.keys() & set(rows)
-                if clash:
-                    raise TransferDockError(f"rank {rank} put column {name!r} of row {min(clash)}, "
-                                            "which is already written this iteration")
-                col_writers = writers.setdefault(name, {})
-                col_shapes = shape_of.setdefault(name, {})
-                for row, shape in zip(rows, shapes):
-                    ranks = col_writers.get(row)
-                    if ranks is None:
-                        col_writers[row] = [rank]
-                        col_shapes[row] = tuple(shape)
-                    elif col_shapes[row] != tuple(shape):
+                if ndim_of.setdefault(name, shapes.shape[1]) != shapes.shape[1]:
+                    raise TransferDockError(
+                        f"rank {rank} put column {name!r} with {shapes.shape[1]}-D cells, but its "
+                        f"cells are {ndim_of[name]}-D; every cell of a column has the same "
+                        "number of dimensions")
+                if len(shapes) != len(rows):
+                    raise TransferDockError(f"rank {rank} put {len(shapes)} cells of column "
+                                            f"{name!r} for {len(rows)} rows")
+                col = self.columns.get(name)
+                if col is not None:
+                    existing = rows[rows < len(col.owner)]
+                    written = existing[col.owner[existing] >= 0]
+                    if len(written):
                         raise TransferDockError(
-                            f"ranks {ranks} and {rank} put column {name!r} of row {row} "
-                            f"with different shapes {col_shapes[row]} and {tuple(shape)}")
-                    else:
-                        ranks.append(rank)
+                            f"rank {rank} put column {name!r} of row {int(written.min())}, "
+                            "which is already written this iteration")
+                writers.setdefault(name, []).append((rows, rank, shapes))
+
+        placements = []
+        for name in sorted(writers):  # (column, row) order: the wire order of a put
+            rows = np.concatenate([r for r, _, _ in writers[name]])
+            ranks = np.concatenate([np.full(len(r), k, np.int64) for r, k, _ in writers[name]])
+            shapes = np.concatenate([s for _, _, s in writers[name]])
+            order = np.lexsort((ranks, rows))  # by row, then rank
+            rows, ranks, shapes = rows[order], ranks[order], shapes[order]
+            unique_rows, first, count = np.unique(rows, return_index=True, return_counts=True)
+            if len(unique_rows) != len(rows):  # TP/PP peers offering the same cell
+                differ = np.any(shapes != np.repeat(shapes[first], count, axis=0), axis=1)
+                if differ.any():
+                    i = int(np.flatnonzero(differ)[0])
+                    j = first[np.searchsorted(unique_rows, rows[i])]
+                    raise TransferDockError(
+                        f"ranks {int(ranks[j])} and {int(ranks[i])} put column {name!r} of row "
+                        f"{int(rows[i])} with different shapes {tuple(shapes[j].tolist())} "
+                        f"and {tuple(shapes[i].tolist())}")
+            # Peers that computed the same cell all offer it; rotating the keeper by
+            # row spreads storage (and later sends) over them instead of piling
+            # everything onto the lowest rank.
+            keeper = first + unique_rows % count
+            # The ranks that computed each cell (they all keep it): intern each
+            # distinct writer pattern once, not once per row.
+            per_row = np.full((len(unique_rows), int(count.max(initial=1))), -1, dtype=np.int64)
+            per_row[np.repeat(np.arange(len(unique_rows)), count),
+                    np.arange(len(rows)) - np.repeat(first, count)] = ranks
+            patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
+            producers = np.array([self.rank_sets.id_of(p[p >= 0].tolist()) for p in patterns],
+                                 dtype=np.int64)[inverse.reshape(-1)]
+            placements.append((name, unique_rows, ranks[keeper], shapes[keeper], producers))
 
         # Valid: commit.
         for rank, rec in enumerate(record_per_rank):
-            rows = new_rows_per_rank[rank]
-            group = max(rec.num_rows_per_group, 1)
-            for i, row in enumerate(rows):
-                self.token_length_per_row.append(int(rec.token_lengths[i]))
-                first = rows[i - i % group]
-                self.group_per_row.append(first)
-                self.rows_per_group.setdefault(first, []).append(row)
+            if rec.num_new_rows:
+                rows = rows_per_rank[rank]
+                group = max(rec.num_rows_per_group, 1)
+                self.token_length = np.concatenate([self.token_length, rec.token_lengths])
+                self.group = np.concatenate([self.group, rows - (rows - rows[0]) % group])
         self.num_rows = next_row
-        placements = []
-        for name in sorted(writers):  # (column, row) order: the wire order of a put
-            col = self.columns.setdefault(name, _Column(dtype_of[name]))
-            col_shapes = shape_of[name]
-            for row, ranks in sorted(writers[name].items()):
-                # Peers that computed the same cell all offer it; rotating the keeper
-                # by row spreads storage (and later sends) over them instead of
-                # piling everything onto the lowest rank.
-                owner = ranks[row % len(ranks)]
-                col.owner_per_row[row] = owner
-                col.shape_per_row[row] = col_shapes[row]
-                col.numel_per_row[row] = _numel(col_shapes[row])
-                placements.append((row, name, owner))
-        return placements
+        for col in self.columns.values():
+            col.grow(next_row)
+        result = []
+        for name, rows, owners, shapes, producers in placements:
+            col = self.columns.get(name)
+            if col is None:
+                col = self.columns[name] = _Column(dtype_of[name], ndim_of[name], next_row)
+            col.owner[rows] = owners
+            col.reached[rows] = producers
+            col.shape[rows] = shapes
+            col.numel[rows] = shapes.prod(axis=1) if shapes.shape[1] else 1
+            result.append((name, rows, owners))
+        return result
 
     def new_rows_of(self, record_per_rank: Sequence[PutRecord], rank: int,
                     first_row: int) -> list[int]:
@@ -178,19 +287,19 @@ class Controller:
         return self.columns[column].dtype
 
     def shape(self, row: int, column: str) -> tuple[int, ...]:
-        return self.columns[column].shape_per_row[row]
+        return tuple(self.columns[column].shape[row].tolist())
 
     def owner(self, row: int, column: str) -> int:
-        return self.columns[column].owner_per_row[row]
+        return int(self.columns[column].owner[row])
 
     def num_bytes(self, row: int, column: str) -> int:
         col = self.columns[column]
-        return col.numel_per_row[row] * col.dtype.itemsize
+        return int(col.numel[row]) * col.dtype.itemsize
 
     # ---- get -----------------------------------------------------------------
     def plan_get(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
                  ranks_per_dp_rank: Sequence[Sequence[int]], whole_groups: bool = False
-                 ) -> list[list[int]]:
+                 ) -> list[np.ndarray]:
         """Rows each DP rank of ``consumer`` receives (ascending row ids per DP rank).
 
         Takes the oldest ready rows not yet taken by ``consumer`` (whole groups
@@ -206,12 +315,13 @@ class Controller:
                                     f"{rows_per_dp_rank} must be >= 0")
         if not columns:
             raise TransferDockError(f"get for consumer {consumer!r} names no columns")
-        ready = self.ready_rows(consumer, columns)
+        ready = self.ready_mask(consumer, columns)
         if whole_groups:
-            ready_set = set(ready)
-            units = [rows for first, rows in sorted(self.rows_per_group.items())
-                     if all(r in ready_set for r in rows)]
-            group_sizes = sorted({len(rows) for rows in units})
+            firsts, sizes = np.unique(self.group, return_counts=True)  # groups are contiguous
+            group_ready = (np.logical_and.reduceat(ready, firsts) if len(firsts)
+                           else np.zeros(0, bool))
+            firsts, sizes = firsts[group_ready], sizes[group_ready]
+            group_sizes = sorted(set(sizes.tolist()))
             if len(group_sizes) > 1:
                 raise TransferDockError(
                     f"get for consumer {consumer!r} asks for whole groups, but the ready groups "
@@ -222,54 +332,77 @@ class Controller:
                     f"get for consumer {consumer!r} asks for whole groups of {group_size} rows, "
                     f"but rows_per_dp_rank={rows_per_dp_rank} is not a multiple of {group_size}")
         else:
-            units = [[r] for r in ready]
-            group_size = 1
+            firsts, group_size = np.flatnonzero(ready), 1
         units_per_dp_rank = rows_per_dp_rank // group_size
         num_units_needed = units_per_dp_rank * num_dp_ranks
-        if len(units) < num_units_needed:
+        if len(firsts) < num_units_needed:
             raise TransferDockError(self._shortfall_message(
-                consumer, columns, rows_per_dp_rank, num_dp_ranks, len(units) * group_size,
+                consumer, columns, rows_per_dp_rank, num_dp_ranks, len(firsts) * group_size,
                 whole_groups))
-        units = units[:num_units_needed]  # oldest first: FIFO across gets
+        # Oldest first (FIFO across gets); unit u is rows unit_rows[u].
+        unit_rows = firsts[:num_units_needed, None] + np.arange(group_size)  # [units, size]
+        unit_lengths = self.token_length[unit_rows].sum(axis=1)
 
-        dp_of_rank = {rank: d for d, ranks in enumerate(ranks_per_dp_rank) for rank in ranks}
-        unit_lengths = [sum(self.token_length_per_row[r] for r in rows) for rows in units]
-        local_bytes_per_unit = []
-        for rows in units:
-            local: dict[int, int] = {}
-            for r in rows:
-                for c in columns:
-                    d = dp_of_rank.get(self.columns[c].owner_per_row[r])
-                    if d is not None:
-                        local[d] = local.get(d, 0) + self.num_bytes(r, c)
-            local_bytes_per_unit.append(local)
-        units_per_bin = assign_units(unit_lengths, local_bytes_per_unit, num_dp_ranks,
+        # Locality: bytes of each unit already in place at each DP rank, summed
+        # over its ranks (cells they computed or received in an earlier get).
+        local = np.zeros((len(unit_rows), num_dp_ranks), dtype=np.int64)
+        for c in columns:
+            col = self.columns[c]
+            reached, nbytes = col.reached[unit_rows], col.nbytes(unit_rows)  # [units, size]
+            for set_id in np.unique(reached).tolist():
+                holders = self.rank_sets.sets[set_id]
+                overlap = np.array([len(holders.intersection(ranks))
+                                    for ranks in ranks_per_dp_rank], dtype=np.int64)
+                if overlap.any():
+                    local += (np.where(reached == set_id, nbytes, 0).sum(axis=1)[:, None]
+                              * overlap[None, :])
+        units_per_bin = assign_units(unit_lengths.tolist(), local.tolist(), num_dp_ranks,
                                      units_per_dp_rank)
-        return [sorted(r for u in bin_units for r in units[u]) for bin_units in units_per_bin]
+        return [np.sort(unit_rows[list(units)].reshape(-1)) for units in units_per_bin]
+
+    def _taken_mask(self, consumer: str) -> np.ndarray:
+        taken = self._taken.get(consumer)
+        if taken is None or len(taken) < self.num_rows:
+            grown = np.zeros(self.num_rows, dtype=bool)
+            if taken is not None:
+                grown[:len(taken)] = taken
+            taken = self._taken[consumer] = grown
+        return taken
+
+    def ready_mask(self, consumer: str, columns: Sequence[str]) -> np.ndarray:
+        """``[num_rows]`` bool: ``columns`` all written and not taken by ``consumer``."""
+        if any(c not in self.columns for c in columns):
+            return np.zeros(self.num_rows, dtype=bool)
+        ready = ~self._taken_mask(consumer)
+        for c in columns:
+            ready &= self.columns[c].owner >= 0
+        return ready
 
     def ready_rows(self, consumer: str, columns: Sequence[str]) -> list[int]:
         """Rows (ascending) whose ``columns`` are all written and ``consumer`` has not taken."""
-        if any(c not in self.columns for c in columns):
-            return []
-        ready = set(self.columns[columns[0]].owner_per_row)
-        for c in columns[1:]:
-            ready &= self.columns[c].owner_per_row.keys()
-        ready -= self.taken_per_consumer.get(consumer, set())
-        return sorted(ready)
+        return np.flatnonzero(self.ready_mask(consumer, columns)).tolist()
 
-    def mark_taken(self, consumer: str, rows: Sequence[int]) -> None:
+    def mark_taken(self, consumer: str, rows: Sequence[int] | np.ndarray) -> None:
         """Record that ``consumer`` received ``rows`` (each row once per consumer)."""
-        self.taken_per_consumer.setdefault(consumer, set()).update(rows)
+        self._taken_mask(consumer)[np.asarray(rows, dtype=np.int64)] = True
+
+    def mark_reached(self, columns: Sequence[str], rows: np.ndarray, ranks: Sequence[int]) -> None:
+        """Record that ``ranks`` received the cells of ``columns`` in ``rows``."""
+        for c in columns:
+            col = self.columns[c]
+            col.reached[rows] = self.rank_sets.union(col.reached[rows], ranks)
+
+    def num_taken(self, consumer: str) -> int:
+        return int(self._taken_mask(consumer).sum())
 
     def _shortfall_message(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
                            num_dp_ranks: int, num_eligible: int, whole_groups: bool) -> str:
-        taken = self.taken_per_consumer.get(consumer, set())
         per_column = []
         for c in columns:
             if c not in self.columns:
                 per_column.append(f"{c!r}: 0 ready (no rank has put this column)")
             else:
-                per_column.append(f"{c!r}: {len(self.columns[c].owner_per_row)} ready")
+                per_column.append(f"{c!r}: {self.columns[c].num_written} ready")
         unit = "rows in whole groups" if whole_groups else "rows"
         return (
             f"get for consumer {consumer!r} can never be satisfied: it asks for "
@@ -277,5 +410,6 @@ class Controller:
             f"{rows_per_dp_rank * num_dp_ranks} rows with columns {list(columns)}, but only "
             f"{num_eligible} {unit} are ready and not yet taken by {consumer!r}. "
             f"This iteration holds {self.num_rows} rows; per column: {', '.join(per_column)}; "
-            f"already taken by {consumer!r}: {len(taken)}. Every put before this get has been "
-            "published, so waiting cannot help: put the missing column or ask for fewer rows.")
+            f"already taken by {consumer!r}: {self.num_taken(consumer)}. Every put before this "
+            "get has been published, so waiting cannot help: put the missing column or ask "
+            "for fewer rows.")

@@ -19,14 +19,15 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 _ALIGN_BYTES = 16  # covers every torch dtype's alignment (complex128 is 16)
 
-# Per peer: column -> rows (ascending); both sides must build these in the same
-# order (columns in the same order, rows ascending) — the order is the layout.
-BlocksPerPeer = Sequence[dict[str, list[int]]]
+# Per peer: column -> rows (ascending int64 array); both sides must build these in
+# the same order (columns in the same order, rows ascending) — the order is the layout.
+BlocksPerPeer = Sequence[dict[str, np.ndarray]]
 
 
 @dataclass
@@ -43,8 +44,8 @@ def _padded(num_bytes: int) -> int:
 
 
 def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
-                    read_local: Callable[[str, int], torch.Tensor],
-                    numel: Callable[[str, int], int],
+                    read_cells: Callable[[str, np.ndarray], list[torch.Tensor]],
+                    numel: Callable[[str, np.ndarray], np.ndarray],
                     dtype: Callable[[str], torch.dtype],
                     group: dist.ProcessGroup | None, device: torch.device,
                     timeout_context: Callable[[], contextlib.AbstractContextManager]
@@ -53,9 +54,9 @@ def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
 
     Must be called by every rank of ``group`` with mutually consistent plans:
     what rank ``a`` lists in ``outgoing[b]`` is exactly what ``b`` lists in
-    ``incoming[a]``. ``read_local(column, row)`` returns a 1-D cell this rank
-    holds, ``numel`` its element count, ``dtype`` a column's dtype.
-    ``timeout_context()`` wraps the collective. When no cell crosses ranks
+    ``incoming[a]``. ``read_cells(column, rows)`` returns the 1-D cells this rank
+    holds, ``numel(column, rows)`` their element counts, ``dtype`` a column's
+    dtype. ``timeout_context()`` wraps the collective. When no cell crosses ranks
     anywhere (every rank can tell from the metadata) callers skip the call on
     every rank alike.
     """
@@ -63,13 +64,15 @@ def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
     send_splits = [0] * group_size
     recv_splits = [0] * group_size
     bytes_sent = bytes_received = 0
+    recv_numels: list[dict[str, list[int]]] = [{} for _ in range(group_size)]
     for peer in range(group_size):
         for column, rows in outgoing[peer].items():
-            n = sum(numel(column, r) for r in rows) * dtype(column).itemsize
+            n = int(numel(column, rows).sum()) * dtype(column).itemsize
             send_splits[peer] += _padded(n)
             bytes_sent += n
         for column, rows in incoming[peer].items():
-            n = sum(numel(column, r) for r in rows) * dtype(column).itemsize
+            numels = recv_numels[peer][column] = numel(column, rows).tolist()
+            n = sum(numels) * dtype(column).itemsize
             recv_splits[peer] += _padded(n)
             bytes_received += n
 
@@ -78,7 +81,7 @@ def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
     for peer in range(group_size):
         for column, rows in outgoing[peer].items():
             dt = dtype(column)
-            cells = [read_local(column, r).to(device) for r in rows]
+            cells = [c.to(device) for c in read_cells(column, rows)]
             n = sum(c.numel() for c in cells)
             torch.cat(cells, out=send[offset:offset + n * dt.itemsize].view(dt))
             offset += _padded(n * dt.itemsize)
@@ -92,10 +95,10 @@ def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
     for peer in range(group_size):
         for column, rows in incoming[peer].items():
             dt = dtype(column)
-            numels = [numel(column, r) for r in rows]
+            numels = recv_numels[peer][column]
             n = sum(numels)
             # Views into the receive buffer: no copy per cell.
             pieces = recv[offset:offset + n * dt.itemsize].view(dt).split(numels)
-            cells_received.update(zip(((r, column) for r in rows), pieces))
+            cells_received.update(zip(((r, column) for r in rows.tolist()), pieces))
             offset += _padded(n * dt.itemsize)
     return ExchangeResult(cells_received, bytes_sent, bytes_received)

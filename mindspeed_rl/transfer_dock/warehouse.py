@@ -20,6 +20,10 @@ class Warehouse:
         """Store one cell (the tensor itself, not a copy)."""
         self._cells.setdefault(column, {})[row] = tensor
 
+    def write_many(self, column: str, rows, tensors) -> None:
+        """Store the cells of ``rows`` (ints) of one column (the tensors themselves)."""
+        self._cells.setdefault(column, {}).update(zip(rows, tensors))
+
     def read(self, column: str, row: int) -> torch.Tensor:
         """The stored tensor of one cell; raises KeyError naming the cell if absent."""
         try:
@@ -27,6 +31,16 @@ class Warehouse:
         except KeyError:
             raise KeyError(f"this rank's warehouse does not hold column {column!r} of row {row}") \
                 from None
+
+    def read_many(self, column: str, rows) -> list[torch.Tensor]:
+        """The stored tensors of ``rows`` (any int sequence or array) of one column."""
+        cells = self._cells.get(column, {})
+        try:
+            return [cells[r] for r in rows.tolist()] if hasattr(rows, "tolist") \
+                else [cells[r] for r in rows]
+        except KeyError as e:
+            raise KeyError(f"this rank's warehouse does not hold column {column!r} of row "
+                           f"{e.args[0]}") from None
 
     def holds(self, column: str, row: int) -> bool:
         return row in self._cells.get(column, {})

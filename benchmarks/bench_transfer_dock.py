@@ -24,7 +24,11 @@ Only the sample flow is timed (stand-in compute is a few cheap tensor ops; the
 rollout tensors are built before the clock starts). ``seconds_per_iteration``
 is the median over ``--iterations`` timed iterations of the wall time between
 two world barriers. Byte counts are row payload that crossed ranks in one
-iteration (identical every iteration). Prints one JSON object on rank 0.
+iteration (identical every iteration); ``row_bytes_rank0_own_share`` is what
+any placement must move through rank 0 (cells it computed that another rank
+uses for the first time, plus cells it uses for the first time that another
+rank computed). ``collectives_per_iteration`` counts the dock's control and
+data collectives on the busiest rank. Prints one JSON object on rank 0.
 """
 
 from __future__ import annotations
@@ -144,10 +148,10 @@ def main() -> None:
             per_rank = [None] * world
             m = dock.metrics
             dist.all_gather_object(per_rank, (m.row_bytes_sent + m.row_bytes_received,
-                                              m.row_bytes_own))
+                                              m.row_bytes_own, m.num_collectives))
             bytes_per_rank = per_rank  # the last timed iteration's; data shapes vary slightly
     if rank == 0:
-        through = [t for t, _ in bytes_per_rank]
+        through = [t for t, _, _ in bytes_per_rank]
         print(json.dumps({
             "mode": args.mode,
             "world_size": world,
@@ -158,6 +162,7 @@ def main() -> None:
             "row_bytes_rank0_own_share": bytes_per_rank[0][1],
             "row_bytes_per_rank_max": max(through),
             "row_bytes_per_rank_mean": round(sum(through) / world),
+            "collectives_per_iteration": max(c for _, _, c in bytes_per_rank),
             "rows": rows_per_rank * world,
             "n_samples_per_prompt": args.n_samples_per_prompt,
             "mean_len": args.mean_len,

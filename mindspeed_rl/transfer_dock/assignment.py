@@ -136,8 +136,6 @@ def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[Uni
     if tolerance is None:
         tolerance = max_length // 2
 
-    reference = greedy_balance(unit_lengths, num_dp_ranks, units_per_dp_rank)
-
     loads = [0] * num_dp_ranks
     bins: list[list[int]] = [[] for _ in range(num_dp_ranks)]
     heap = [(0, b) for b in range(num_dp_ranks)]  # lazy: stale entries are skipped
@@ -159,6 +157,12 @@ def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[Uni
         if len(bins[choice]) < units_per_dp_rank:
             heapq.heappush(heap, (loads[choice], choice))
 
+    # Plain LPT's spread is >= 0 and its max load >= the mean, so within one unit
+    # of those bounds is within one unit of LPT: no need to run it.
+    if (token_spread(loads) <= max_length
+            and max(loads) * num_dp_ranks <= sum(unit_lengths) + max_length * num_dp_ranks):
+        return [sorted(units) for units in bins]
+    reference = greedy_balance(unit_lengths, num_dp_ranks, units_per_dp_rank)
     ref_loads = tokens_per_bin(unit_lengths, reference)
     if (token_spread(loads) <= token_spread(ref_loads) + max_length
             and max(loads) <= max(ref_loads) + max_length):

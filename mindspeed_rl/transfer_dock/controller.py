@@ -96,6 +96,8 @@ class RankSets:
 
     def union(self, set_ids: np.ndarray, ranks) -> np.ndarray:
         """Elementwise: the id of ``set_ids[i] | ranks``."""
+        if len(set_ids) and (set_ids == set_ids.flat[0]).all():  # the common case
+            return np.full_like(set_ids, self.id_of(self.sets[int(set_ids.flat[0])] | set(ranks)))
         unique, inverse = np.unique(set_ids, return_inverse=True)
         extra = frozenset(int(r) for r in ranks)
         return np.array([self.id_of(self.sets[i] | extra) for i in unique.tolist()],
@@ -349,7 +351,7 @@ class Controller:
         for c in columns:
             col = self.columns[c]
             reached, nbytes = col.reached[unit_rows], col.nbytes(unit_rows)  # [units, size]
-            for set_id in np.unique(reached).tolist():
+            for set_id in set(reached.ravel().tolist()):
                 holders = self.rank_sets.sets[set_id]
                 overlap = np.array([len(holders.intersection(ranks))
                                     for ranks in ranks_per_dp_rank], dtype=np.int64)

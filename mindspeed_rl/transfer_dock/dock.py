@@ -565,7 +565,7 @@ class TransferDock:
                     if dst == self.rank:
                         if not missing.all():
                             local.append((col, rows[~missing]))
-                        for peer in np.unique(senders[missing]).tolist():
+                        for peer in sorted(set(senders[missing].tolist())):
                             incoming[peer][col] = rows[missing & (senders == peer)]
                     else:
                         send = missing & (senders == self.rank)

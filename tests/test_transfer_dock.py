@@ -308,6 +308,15 @@ def _protocol_scenario() -> dict:
     except TransferDockError as e:
         out["bad_put"] = str(e)
     out["after_bad_put"] = len(dock.get("d", ["ids"], 1))
+    # Rewriting a cell is refused the same way and leaves the original in place.
+    dock.put({"ids": [torch.full((5,), 7)]} if rank == 0 else {}, rows=[0] if rank == 0 else [])
+    try:
+        dock.get("d", ["ids"], 1)
+        out["rewrite"] = "no error"
+    except TransferDockError as e:
+        out["rewrite"] = str(e)
+    batch = dock.get("e", ["ids"], 40)
+    out["row0"] = [t.tolist() for r, t in zip(batch.rows, batch["ids"]) if r == 0]
 
     # A rank that skips clear() is caught by the next call.
     if rank == 0:
@@ -352,5 +361,8 @@ def test_control_protocol_replicas_deferred_puts_overflow_and_misuse():
         assert collectives == 3
         assert "row 999" in r["bad_put"] and "published with this get" in r["bad_put"]
         assert r["after_bad_put"] == 1
+        assert "'ids' of row 0, which is already written" in r["rewrite"]
+    assert results[0]["row0"] + results[1]["row0"] == [[0]]  # rank 0's first row, arange(1)
+    for r in results:
         assert "ranks disagree" in r["skipped_clear"] and "after 1 clear()" in r["skipped_clear"]
         assert "ranks disagree" in r["mixed"] and "rows=[]" in r["mixed"]

@@ -221,7 +221,8 @@ class TransferDock:
         self.warehouse = Warehouse()
         self._num_calls = 0
         self._num_clears = 0
-        self._pending: list[PutRecord] = []  # puts of results not yet published
+        # Puts of results not yet published: (record, [(column, rows, cells)]).
+        self._pending: list[tuple[PutRecord, list[tuple[str, list[int], list[torch.Tensor]]]]] = []
         self.metrics = DockMetrics()
 
     # ---- placement (the only thing the centralized mode changes) ---------------
@@ -278,7 +279,8 @@ class TransferDock:
         in call order, on every rank. Returns every rank's ``dp_key`` and payload.
         """
         self._num_calls += 1
-        blob = pickle.dumps((self._pending, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        blob = pickle.dumps(([record for record, _ in self._pending], payload),
+                            protocol=pickle.HIGHEST_PROTOCOL)
         header_bytes = 8 * (_HEADER_FIELDS + self.size)
         block = torch.zeros(header_bytes + self.eager_bytes, dtype=torch.uint8)
         header = block[:header_bytes].view(torch.int64)
@@ -325,14 +327,16 @@ class TransferDock:
                 if overflow[r]:
                     blobs[r] = piece.numpy().tobytes()
         pending_per_rank, payloads = zip(*(pickle.loads(b) for b in blobs))
-        self._pending = []
+        mine, self._pending = self._pending, []
         for k, records in enumerate(zip(*pending_per_rank)):
             try:
                 self.controller.apply_put(records)
-            except TransferDockError as e:
+            except TransferDockError as e:  # this put and later ones are dropped
                 raise TransferDockError(
                     f"a put of results published with this {what} (put {k + 1} of "
-                    f"{len(pending_per_rank[0])} since the last get): {e}") from None
+                    f"{len(mine)} since the last get): {e}") from None
+            for name, rows, cells in mine[k][1]:
+                self.warehouse.write_many(name, rows, cells)
         return dp_keys, list(payloads)
 
     # ---- data movement ------------------------------------------------------------
@@ -397,8 +401,10 @@ class TransferDock:
             raise TransferDockError(f"put columns have different row counts "
                                     f"{ {n: len(c) for n, c in columns.items()} }")
         num_rows_local = num_rows.pop() if num_rows else 0
-        if rows is not None and len(rows) != num_rows_local:
-            raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
+        if rows is not None:
+            rows = [int(r) for r in rows]
+            if len(rows) != num_rows_local:
+                raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
         for name, cells in columns.items():
             if len({c.dtype for c in cells}) > 1:
                 raise TransferDockError(f"put column {name!r} mixes dtypes")
@@ -430,10 +436,10 @@ class TransferDock:
         if rows is not None and self.keeps_copies:
             # A put of results: the cells stay here and their metadata rides with
             # the next control collective, so this put needs no collective at all.
+            # They enter the warehouse when that collective has validated them.
             self._num_calls += 1
-            self._pending.append(record)
-            for name, cells in columns.items():
-                self.warehouse.write_many(name, rows, _flat(cells))
+            self._pending.append((record, [(name, rows, _flat(cells))
+                                           for name, cells in columns.items()]))
             m = self.metrics
             m.num_puts += 1
             m.rows_put += len(rows)

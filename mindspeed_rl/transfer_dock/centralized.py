@@ -1,11 +1,11 @@
 """Centralized mode: the classic single replay buffer on rank 0 (ablation baseline).
 
 Same API and the same replicated control as :class:`TransferDock` — so both
-modes deliver identical batches — but every cell lives on dock rank 0: a put
-gathers the cells to rank 0, a get scatters them from rank 0. It uses the same
-packed ``all_to_all_single`` transport, so the difference measured against the
-distributed mode is the topology (everything through one rank, two hops per
-cell), not the serialisation. Select it with ``rl_config.transfer_dock_mode:
+modes deliver identical batches — but every cell lives on dock rank 0: every
+put (results included) hands the cells to rank 0, every get is served from rank
+0, and consumers keep nothing. It uses the same packed ``all_to_all_single``
+transport, so the difference measured against the distributed mode is the
+topology (everything through one rank, two hops per cell), not the serialisation. Select it with ``rl_config.transfer_dock_mode:
 centralized``.
 """
 

@@ -1,12 +1,15 @@
 """TransferDock: the distributed sample flow (DESIGN.md section 6).
 
 SPMD: every rank of the dock's group calls ``put``, ``get`` and ``clear`` in the
-same order (a rank with nothing to put puts nothing). Control is metadata only:
-each put all-gathers a small record per rank, every rank applies the records to
-its replicated :class:`Controller` and so computes the same row ids, owners and
-get assignments. Data moves once, peer to peer, in one ``all_to_all_single`` per
-get (owner -> every TP/PP peer of the DP rank that receives the row); results
-are put back on the rank that computed them, and only their metadata travels.
+same order. Control is metadata only: every get (and every put that creates
+rows) starts with one small fixed-size all-to-all that checks the ranks agree on
+the call and carries the put records published since the last one; every rank
+applies the records to its replicated :class:`Controller` and so computes the
+same row ids, owners and get assignments. Data moves once per (cell, consumer
+rank), peer to peer, in one ``all_to_all_single`` per get, from the rank that
+computed the cell to each rank of the receiving DP rank that lacks it. Results
+are put back on the rank that computed them with no collective at all; ranks
+keep what they computed or received, so later consumers reuse it.
 
 Typical GRPO use (every rank runs this)::
 
@@ -15,7 +18,7 @@ Typical GRPO use (every rank runs this)::
                     num_rows_per_group=n_samples_per_prompt)     # rollout, gen-DP rank
     batch = dock.get("actor_logprobs", ["prompt_ids", "response_ids"],
                      rows_per_dp_rank=8, dp_group=train_layout)  # TP peers get the same rows
-    dock.put({"logprobs_old": lp}, rows=batch.rows)              # stays on this rank
+    dock.put({"logprobs_old": lp}, rows=batch.rows)              # stays here, no collective
     ...
     dock.clear()                                                 # next iteration
 """
@@ -216,7 +219,6 @@ class TransferDock:
                 acc = torch.accelerator.current_accelerator()
                 device = torch.device(acc.type, torch.accelerator.current_device_index())
             self.device = torch.device(device)
-        self._on_device = self.device.type == "cpu"  # warehouse cells live on the host
         self.controller = Controller()
         self.warehouse = Warehouse()
         self._num_calls = 0
@@ -590,7 +592,7 @@ class TransferDock:
                 self.warehouse.write(col, row, cell)
         for col, held in local:
             for row, cell in zip(held.tolist(), self.warehouse.read_many(col, held)):
-                result.cells[(row, col)] = cell if self._on_device else cell.to(self.device)
+                result.cells[(row, col)] = cell.to(self.device)  # no copy if already there
         for ranks, rows in zip(ranks_per_dp, rows_per_dp):
             ctl.mark_taken(consumer, rows)
             ctl.mark_reached(columns, rows, ranks)

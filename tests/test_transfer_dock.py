@@ -218,6 +218,13 @@ def _check_world(results: list[dict], world: int) -> None:
     assert all(d["held_bytes"] > 0 for d in dist_)
     traffic = lambda m: m["row_bytes_sent"] + m["row_bytes_received"]  # noqa: E731
     assert traffic(dist_[0]["metrics"]) < traffic(cent[0]["metrics"])
+    # Distributed: every rank moves exactly its own share (each cell crosses once per
+    # rank that lacks it); the centralized buffer moves at least that through rank 0.
+    for d in dist_:
+        assert traffic(d["metrics"]) == d["metrics"]["row_bytes_own"] > 0
+    assert traffic(cent[0]["metrics"]) > cent[0]["metrics"]["row_bytes_own"]
+    assert [c["metrics"]["row_bytes_own"] for c in cent] == \
+        [d["metrics"]["row_bytes_own"] for d in dist_]  # the share is placement-independent
 
 
 def test_transfer_dock_two_ranks():

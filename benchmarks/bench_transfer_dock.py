@@ -13,7 +13,8 @@ One iteration replays the sample flow of GRPO (DESIGN.md section 5):
    ``--max-len``), a scalar reward and the response length;
 2. old log-probs and 3. ref log-probs: training-DP consumers (TP = ``--tp``
    peers per DP rank, Megatron rank order) get prompt + response ids in
-   ``--mini-batches`` gets and put their log-probs back (every TP peer puts,
+   ``--forward-gets`` gets (default: ``--mini-batches``; ``pretrain_grpo.py``
+   takes all rows in one get) and put their log-probs back (every TP peer puts,
    as TP ranks all hold the reduced result);
 4. advantages: training-DP ranks get rewards in whole groups, put per-token
    advantages back;
@@ -57,7 +58,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=8192, help="max response length (tokens)")
     p.add_argument("--prompt-mean-len", type=int, default=256)
     p.add_argument("--tp", type=int, default=2, help="training tensor-parallel size")
-    p.add_argument("--mini-batches", type=int, default=4, help="gets per consumer phase")
+    p.add_argument("--mini-batches", type=int, default=4, help="gets of the update phase")
+    p.add_argument("--forward-gets", type=int, default=None,
+                   help="gets per log-prob phase (default: --mini-batches)")
     p.add_argument("--iterations", type=int, default=7, help="timed iterations (median)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -95,13 +98,14 @@ def _iteration(args, dock, layout: ConsumerLayout, rollout: dict, token_lengths:
     num_rows = args.rows // world * world
     per_dp = num_rows // layout.num_dp_ranks
     per_get = per_dp // args.mini_batches
+    per_forward_get = per_dp // args.forward_gets
     dist.barrier()
     start = time.perf_counter()
 
     dock.put(rollout, token_lengths=token_lengths, num_rows_per_group=args.n_samples_per_prompt)
     for consumer, out in (("actor_logprobs", "logprobs_old"), ("ref_logprobs", "logprobs_ref")):
-        for _ in range(args.mini_batches):
-            batch = dock.get(consumer, ["prompt_ids", "response_ids"], per_get, layout)
+        for _ in range(args.forward_gets):
+            batch = dock.get(consumer, ["prompt_ids", "response_ids"], per_forward_get, layout)
             # stand-in for a forward pass: [num_tokens] float32 per row
             dock.put({out: [torch.full(r.shape, -0.5) for r in batch["response_ids"]]},
                      rows=batch.rows)
@@ -126,15 +130,19 @@ def _iteration(args, dock, layout: ConsumerLayout, rollout: dict, token_lengths:
 
 def main() -> None:
     args = _parse()
+    args.forward_gets = args.forward_gets or args.mini_batches
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     layout = ConsumerLayout.megatron(world, tensor_model_parallel_size=args.tp)
     rows_per_rank = args.rows // world
-    if rows_per_rank % args.n_samples_per_prompt or (rows_per_rank * world // layout.num_dp_ranks) \
-            % (args.mini_batches * args.n_samples_per_prompt):
-        raise SystemExit(f"--rows={args.rows} must split into whole prompts per rank and whole "
-                         f"mini-batches of whole groups per training DP rank")
+    per_dp = rows_per_rank * world // layout.num_dp_ranks
+    if rows_per_rank % args.n_samples_per_prompt or per_dp % (args.mini_batches *
+                                                              args.n_samples_per_prompt) \
+            or per_dp % args.forward_gets:
+        raise SystemExit(f"--rows={args.rows} must split into whole prompts per rank, whole "
+                         f"mini-batches of whole groups per training DP rank and "
+                         f"--forward-gets={args.forward_gets} equal gets per training DP rank")
     dock = build_transfer_dock(args.mode, timeout_s=args.timeout_s)
     seconds, bytes_per_rank = [], None
     for it in range(args.warmup + args.iterations):
@@ -168,6 +176,7 @@ def main() -> None:
             "mean_len": args.mean_len,
             "max_len": args.max_len,
             "mini_batches": args.mini_batches,
+            "forward_gets": args.forward_gets,
             "iterations": args.iterations,
             "host_threads_per_rank": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),

@@ -333,6 +333,7 @@ class GRPOTrainer:
             "resharding/bytes_moved": to_infer.bytes_moved,
             "transfer_dock/row_bytes_received": float(self.dock.metrics.row_bytes_received),
             "transfer_dock/seconds": self.dock.metrics.seconds_put + self.dock.metrics.seconds_get,
+            "transfer_dock/collectives": float(self.dock.metrics.num_collectives),
         })
         self.dock.reset_metrics()
         return m

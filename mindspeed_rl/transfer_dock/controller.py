@@ -242,16 +242,20 @@ class Controller:
                         f"ranks {int(ranks[j])} and {int(ranks[i])} put column {name!r} of row "
                         f"{int(rows[i])} with different shapes {tuple(shapes[j].tolist())} "
                         f"and {tuple(shapes[i].tolist())}")
-            # Peers that computed the same cell all offer it; rotating the keeper by
-            # row spreads storage (and later sends) over them instead of piling
-            # everything onto the lowest rank.
+            # Peers that computed the same cell all offer it (and all keep it); the
+            # owner, who serves it to ranks lacking it, rotates by row so the sends
+            # spread over them instead of piling onto the lowest rank.
             keeper = first + unique_rows % count
-            # The ranks that computed each cell (they all keep it): intern each
-            # distinct writer pattern once, not once per row.
-            per_row = np.full((len(unique_rows), int(count.max(initial=1))), -1, dtype=np.int64)
-            per_row[np.repeat(np.arange(len(unique_rows)), count),
-                    np.arange(len(rows)) - np.repeat(first, count)] = ranks
-            patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
+            # The ranks that computed each cell: intern each distinct writer
+            # pattern once, not once per row.
+            if len(unique_rows) == len(rows):  # one writer per cell
+                writer, inverse = np.unique(ranks, return_inverse=True)
+                patterns = writer[:, None]
+            else:
+                per_row = np.full((len(unique_rows), int(count.max())), -1, dtype=np.int64)
+                per_row[np.repeat(np.arange(len(unique_rows)), count),
+                        np.arange(len(rows)) - np.repeat(first, count)] = ranks
+                patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
             producers = np.array([self.rank_sets.id_of(p[p >= 0].tolist()) for p in patterns],
                                  dtype=np.int64)[inverse.reshape(-1)]
             placements.append((name, unique_rows, ranks[keeper], shapes[keeper], producers))

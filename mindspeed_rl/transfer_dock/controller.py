@@ -292,9 +292,6 @@ class Controller:
     def dtype(self, column: str) -> torch.dtype:
         return self.columns[column].dtype
 
-    def shape(self, row: int, column: str) -> tuple[int, ...]:
-        return tuple(self.columns[column].shape[row].tolist())
-
     def owner(self, row: int, column: str) -> int:
         return int(self.columns[column].owner[row])
 
@@ -383,10 +380,6 @@ class Controller:
         for c in columns:
             ready &= self.columns[c].owner >= 0
         return ready
-
-    def ready_rows(self, consumer: str, columns: Sequence[str]) -> list[int]:
-        """Rows (ascending) whose ``columns`` are all written and ``consumer`` has not taken."""
-        return np.flatnonzero(self.ready_mask(consumer, columns)).tolist()
 
     def mark_taken(self, consumer: str, rows: Sequence[int] | np.ndarray) -> None:
         """Record that ``consumer`` received ``rows`` (each row once per consumer)."""

@@ -426,12 +426,10 @@ class TransferDock:
                                         f"{num_rows_local} rows")
         record = PutRecord(
             num_new_rows=num_rows_local if rows is None else 0,
-            rows=np.asarray(rows if rows is not None else [], dtype=np.int64),
-            columns={name: (str(cells[0].dtype),
-                            np.array([tuple(c.shape) for c in cells], dtype=np.int64)
-                            .reshape(len(cells), cells[0].dim()))
+            rows=rows if rows is not None else (),
+            columns={name: (str(cells[0].dtype), [tuple(c.shape) for c in cells])
                      for name, cells in columns.items() if cells},
-            token_lengths=np.asarray(token_lengths if rows is None else [], dtype=np.int64),
+            token_lengths=token_lengths if rows is None else (),
             num_rows_per_group=num_rows_per_group,
         )
 
@@ -453,17 +451,17 @@ class TransferDock:
         placements = self.controller.apply_put(records)
         my_rows = (list(rows) if rows is not None
                    else self.controller.new_rows_of(records, self.rank, first_new_row))
-        position = {row: i for i, row in enumerate(my_rows)}
-
-        def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
-            cells = columns[column]
-            return _flat([cells[position[r]] for r in cell_rows.tolist()])
-
         if self.keeps_copies:  # every rank that computed a cell keeps it: nothing moves
             for name, cells in columns.items():
                 self.warehouse.write_many(name, my_rows, _flat(cells))
             result = ExchangeResult({}, 0, 0)
         else:  # the owner of each cell hands it to the rank that stores it
+            position = {row: i for i, row in enumerate(my_rows)}
+
+            def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
+                cells = columns[column]
+                return _flat([cells[position[r]] for r in cell_rows.tolist()])
+
             outgoing, incoming = self._no_blocks(), self._no_blocks()
             any_remote = False
             for column, cell_rows, owners in placements:  # (column, row): the wire order

@@ -7,6 +7,7 @@ cell is decided by the controller; the warehouse only stores and hands out.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -24,30 +25,14 @@ class Warehouse:
         """Store the cells of ``rows`` (ints) of one column (the tensors themselves)."""
         self._cells.setdefault(column, {}).update(zip(rows, tensors))
 
-    def read(self, column: str, row: int) -> torch.Tensor:
-        """The stored tensor of one cell; raises KeyError naming the cell if absent."""
-        try:
-            return self._cells[column][row]
-        except KeyError:
-            raise KeyError(f"this rank's warehouse does not hold column {column!r} of row {row}") \
-                from None
-
-    def read_many(self, column: str, rows) -> list[torch.Tensor]:
-        """The stored tensors of ``rows`` (any int sequence or array) of one column."""
+    def read_many(self, column: str, rows: np.ndarray) -> list[torch.Tensor]:
+        """The stored tensors of ``rows`` (an int array) of one column."""
         cells = self._cells.get(column, {})
         try:
-            return [cells[r] for r in rows.tolist()] if hasattr(rows, "tolist") \
-                else [cells[r] for r in rows]
+            return [cells[r] for r in rows.tolist()]
         except KeyError as e:
             raise KeyError(f"this rank's warehouse does not hold column {column!r} of row "
                            f"{e.args[0]}") from None
-
-    def holds(self, column: str, row: int) -> bool:
-        return row in self._cells.get(column, {})
-
-    @property
-    def num_cells(self) -> int:
-        return sum(len(rows) for rows in self._cells.values())
 
     @property
     def num_bytes(self) -> int:

@@ -52,6 +52,18 @@ def _rollout(rank: int, num_groups: int, seed: int) -> dict[str, list[torch.Tens
     return cols
 
 
+def _mixed_cells(rank: int) -> dict[str, list[torch.Tensor]]:
+    """Three rows of cells of every kind the exchange packs differently."""
+    gen = torch.Generator().manual_seed(rank)
+    return {
+        "mat": [torch.randn(k + 1, 3, generator=gen) for k in range(3)],  # 2-D
+        "mask": [torch.arange(k + 2) % 2 == rank for k in range(3)],  # bool
+        "score": [torch.tensor(k * 10 + rank) for k in range(3)],  # 0-d int64
+        "strided": [torch.arange(2 * k + 4)[::2] + rank for k in range(3)],  # non-contiguous
+        "empty": [torch.zeros(0, dtype=torch.float16) for _ in range(3)],  # no elements
+    }
+
+
 def _record(log: list, consumer: str, call: int, dp: int | None, batch) -> None:
     if batch is None:
         return
@@ -299,6 +311,23 @@ def _protocol_scenario() -> dict:
                          for ids, lp in zip(third["ids"], third["lp"])),
         }
 
+    # Cells of any shape, dtype and layout cross ranks intact, in both modes: both
+    # ranks form one DP rank, so each receives the other's rows; then rank 1's
+    # 2-D results travel back to rank 0.
+    for mode in ("distributed", "centralized"):
+        dock = build_transfer_dock(mode, timeout_s=30)
+        dock.put(_mixed_cells(rank))
+        both = dock.get("c", list(_mixed_cells(0)), 6, ConsumerLayout(((0, 1),)))
+        expected = {c: _mixed_cells(0)[c] + _mixed_cells(1)[c] for c in _mixed_cells(0)}
+        same = all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+                   for c in expected for a, b in zip(both[c], expected[c]))
+        dock.put({"double": [m * 2 for m in both["mat"]]} if rank == 1 else {},
+                 rows=both.rows if rank == 1 else [])
+        back = dock.get("d", ["double", "mat"], 6, ConsumerLayout(((0,),)))
+        doubled = back is None or all(torch.equal(d, m * 2) and d.shape == m.shape
+                                      for d, m in zip(back["double"], back["mat"]))
+        out[f"mixed_cells_{mode}"] = (same, len(both), doubled)
+
     # Metadata larger than eager_bytes takes a second all-to-all and arrives intact.
     dock = build_transfer_dock("distributed", timeout_s=30, eager_bytes=64)
     dock.put({"ids": [torch.arange(n) + rank for n in range(1, 41)]})
@@ -361,6 +390,9 @@ def test_control_protocol_replicas_deferred_puts_overflow_and_misuse():
     bytes_ids = sum(100 * (i + 1) for i in range(4)) * 8
     assert d1["received"] == [bytes_ids, bytes_ids]  # the second and third gets moved nothing
     assert c1["received"][0] == bytes_ids and c1["received"][1] >= 3 * bytes_ids
+    for r in results:
+        for mode in ("distributed", "centralized"):
+            assert r[f"mixed_cells_{mode}"] == (True, 6, True), mode
     for r in results:
         collectives, intact = r["overflow"]
         assert all(intact) and len(intact) == 40

@@ -15,6 +15,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 
 def token_spread(tokens_per_dp_rank: Sequence[int]) -> int:
     """max - min of the token counts of the DP ranks (0 is perfect balance)."""
@@ -47,9 +49,23 @@ def _local_items(locality: UnitLocality) -> list[tuple[int, int]]:
     return [(d, n) for d, n in enumerate(locality) if n > 0]
 
 
+def _local_items_per_unit(local_bytes_per_unit: Sequence[UnitLocality] | np.ndarray
+                          ) -> list[list[tuple[int, int]]]:
+    """:func:`_local_items` of every unit; a ``[units, dp ranks]`` array in one pass
+    over its non-zero entries (every rank runs this on every get)."""
+    if not isinstance(local_bytes_per_unit, np.ndarray):
+        return [_local_items(locality) for locality in local_bytes_per_unit]
+    items: list[list[tuple[int, int]]] = [[] for _ in range(len(local_bytes_per_unit))]
+    units, dps = np.nonzero(local_bytes_per_unit > 0)  # row-major: DP ranks ascending
+    for u, d, n in zip(units.tolist(), dps.tolist(),
+                       local_bytes_per_unit[units, dps].tolist()):
+        items[u].append((d, n))
+    return items
+
+
 def _descending(unit_lengths: Sequence[int]) -> list[int]:
     # Longest first (LPT); equal lengths in index order so every rank sorts alike.
-    return sorted(range(len(unit_lengths)), key=lambda u: (-unit_lengths[u], u))
+    return np.argsort(-np.asarray(unit_lengths, dtype=np.int64), kind="stable").tolist()
 
 
 def greedy_balance(unit_lengths: Sequence[int], num_dp_ranks: int,
@@ -74,7 +90,8 @@ def greedy_balance(unit_lengths: Sequence[int], num_dp_ranks: int,
 
 
 def _match_bins_to_dp_ranks(units_per_bin: list[list[int]],
-                            local_bytes_per_unit: Sequence[UnitLocality]) -> list[list[int]]:
+                            local_bytes_per_unit: Sequence[UnitLocality] | np.ndarray
+                            ) -> list[list[int]]:
     """Relabel balanced bins so that each lands on the DP rank holding most of its bytes.
 
     Bins are interchangeable for balance, so this keeps the token counts and only
@@ -83,10 +100,11 @@ def _match_bins_to_dp_ranks(units_per_bin: list[list[int]],
     """
     num_bins = len(units_per_bin)
     pairs = []
+    local_items = _local_items_per_unit(local_bytes_per_unit)
     for b, units in enumerate(units_per_bin):
         local_per_dp: dict[int, int] = {}
         for u in units:
-            for d, nbytes in _local_items(local_bytes_per_unit[u]):
+            for d, nbytes in local_items[u]:
                 local_per_dp[d] = local_per_dp.get(d, 0) + nbytes
         pairs.extend((-nbytes, b, d) for d, nbytes in local_per_dp.items() if nbytes > 0)
     pairs.sort()
@@ -103,7 +121,8 @@ def _match_bins_to_dp_ranks(units_per_bin: list[list[int]],
     return result
 
 
-def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[UnitLocality],
+def assign_units(unit_lengths: Sequence[int],
+                 local_bytes_per_unit: Sequence[UnitLocality] | np.ndarray,
                  num_dp_ranks: int, units_per_dp_rank: int,
                  tolerance: int | None = None) -> list[list[int]]:
     """Assign units to DP ranks: balanced by tokens, preferring units already local.
@@ -113,7 +132,8 @@ def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[Uni
         local_bytes_per_unit: for each unit, the bytes of it already in place at
             each DP rank (summed over the DP rank's TP/PP peers), as
             ``{dp_rank: bytes}`` (empty when no consumer rank holds it) or a
-            list indexed by DP rank.
+            list indexed by DP rank; or all units at once as a
+            ``[units, dp ranks]`` int array.
         num_dp_ranks: number of bins.
         units_per_dp_rank: exact number of units per bin.
         tolerance: how many tokens above the least-loaded open bin a local bin may
@@ -136,25 +156,25 @@ def assign_units(unit_lengths: Sequence[int], local_bytes_per_unit: Sequence[Uni
     if tolerance is None:
         tolerance = max_length // 2
 
+    local_items = _local_items_per_unit(local_bytes_per_unit)
     loads = [0] * num_dp_ranks
+    counts = [0] * num_dp_ranks
     bins: list[list[int]] = [[] for _ in range(num_dp_ranks)]
     heap = [(0, b) for b in range(num_dp_ranks)]  # lazy: stale entries are skipped
     for u in _descending(unit_lengths):
         while True:  # least-loaded open bin; drop stale or full entries
             load, b = heap[0]
-            if load == loads[b] and len(bins[b]) < units_per_dp_rank:
+            if load == loads[b] and counts[b] < units_per_dp_rank:
                 break
             heapq.heappop(heap)
-        min_load = load
-        choice = b
-        best_local = 0
-        for d, nbytes in _local_items(local_bytes_per_unit[u]):
-            if (nbytes > best_local and len(bins[d]) < units_per_dp_rank
-                    and loads[d] <= min_load + tolerance):
+        choice, best_local, limit = b, 0, load + tolerance
+        for d, nbytes in local_items[u]:
+            if nbytes > best_local and counts[d] < units_per_dp_rank and loads[d] <= limit:
                 choice, best_local = d, nbytes
         bins[choice].append(u)
         loads[choice] += unit_lengths[u]
-        if len(bins[choice]) < units_per_dp_rank:
+        counts[choice] += 1
+        if counts[choice] < units_per_dp_rank:
             heapq.heappush(heap, (loads[choice], choice))
 
     # Plain LPT's spread is >= 0 and its max load >= the mean, so within one unit

@@ -78,6 +78,7 @@ class RankSets:
         self.sets: list[frozenset[int]] = [frozenset()]
         self._ids: dict[frozenset[int], int] = {frozenset(): 0}
         self._member: dict[int, np.ndarray] = {}  # rank -> [num sets] bool
+        self._overlap: dict[tuple[tuple[int, ...], ...], np.ndarray] = {}
 
     def id_of(self, ranks) -> int:
         key = frozenset(int(r) for r in ranks)
@@ -93,6 +94,16 @@ class RankSets:
         if member is None or len(member) < len(self.sets):
             member = self._member[rank] = np.array([rank in s for s in self.sets], dtype=bool)
         return member[set_ids]
+
+    def overlap(self, ranks_per_group: Sequence[Sequence[int]]) -> np.ndarray:
+        """``[num sets, num groups]`` int64: how many ranks of each group each set holds."""
+        key = tuple(tuple(int(r) for r in g) for g in ranks_per_group)
+        table = self._overlap.get(key)
+        if table is None or len(table) < len(self.sets):
+            table = self._overlap[key] = np.array(
+                [[len(s.intersection(g)) for g in key] for s in self.sets],
+                dtype=np.int64).reshape(len(self.sets), len(key))
+        return table
 
     def union(self, set_ids: np.ndarray, ranks) -> np.ndarray:
         """Elementwise: the id of ``set_ids[i] | ranks``."""
@@ -250,13 +261,18 @@ class Controller:
             # pattern once, not once per row.
             if len(unique_rows) == len(rows):  # one writer per cell
                 writer, inverse = np.unique(ranks, return_inverse=True)
-                patterns = writer[:, None]
+                patterns = [[w] for w in writer.tolist()]
+            elif ranks.max() < 63:  # writer sets as bit masks: a 1-D unique
+                masks, inverse = np.unique(np.bitwise_or.reduceat(
+                    np.left_shift(np.int64(1), ranks), first), return_inverse=True)
+                patterns = [[r for r in range(63) if m >> r & 1] for m in masks.tolist()]
             else:
                 per_row = np.full((len(unique_rows), int(count.max())), -1, dtype=np.int64)
                 per_row[np.repeat(np.arange(len(unique_rows)), count),
                         np.arange(len(rows)) - np.repeat(first, count)] = ranks
-                patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
-            producers = np.array([self.rank_sets.id_of(p[p >= 0].tolist()) for p in patterns],
+                unique_patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
+                patterns = [p[p >= 0].tolist() for p in unique_patterns]
+            producers = np.array([self.rank_sets.id_of(p) for p in patterns],
                                  dtype=np.int64)[inverse.reshape(-1)]
             placements.append((name, unique_rows, ranks[keeper], shapes[keeper], producers))
 
@@ -348,18 +364,14 @@ class Controller:
 
         # Locality: bytes of each unit already in place at each DP rank, summed
         # over its ranks (cells they computed or received in an earlier get).
+        overlap = self.rank_sets.overlap(ranks_per_dp_rank)  # [sets, DP ranks]
         local = np.zeros((len(unit_rows), num_dp_ranks), dtype=np.int64)
         for c in columns:
             col = self.columns[c]
-            reached, nbytes = col.reached[unit_rows], col.nbytes(unit_rows)  # [units, size]
-            for set_id in set(reached.ravel().tolist()):
-                holders = self.rank_sets.sets[set_id]
-                overlap = np.array([len(holders.intersection(ranks))
-                                    for ranks in ranks_per_dp_rank], dtype=np.int64)
-                if overlap.any():
-                    local += (np.where(reached == set_id, nbytes, 0).sum(axis=1)[:, None]
-                              * overlap[None, :])
-        units_per_bin = assign_units(unit_lengths.tolist(), local.tolist(), num_dp_ranks,
+            # [units, size, 1] bytes x [units, size, DP ranks] holders, summed over the unit
+            local += (col.nbytes(unit_rows)[:, :, None]
+                      * overlap[col.reached[unit_rows]]).sum(axis=1)
+        units_per_bin = assign_units(unit_lengths.tolist(), local, num_dp_ranks,
                                      units_per_dp_rank)
         return [np.sort(unit_rows[list(units)].reshape(-1)) for units in units_per_bin]
 

@@ -47,8 +47,25 @@ _HEADER_FIELDS = 6  # op, call number, clears, argument hash, metadata bytes, dp
 
 
 def _flat(cells: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Cells as stored: 1-D (the controller keeps their shapes)."""
+    """Cells as 1-D tensors."""
     return [c if c.dim() == 1 else c.reshape(-1) for c in cells]
+
+
+def _shapes(cells: Sequence[torch.Tensor], ndim: int) -> np.ndarray:
+    """``[num_cells, ndim]`` int64 shapes of ``cells`` (all ``ndim``-D)."""
+    if ndim == 1:
+        return np.fromiter((c.numel() for c in cells), np.int64, len(cells))[:, None]
+    return np.array([tuple(c.shape) for c in cells], dtype=np.int64).reshape(len(cells), ndim)
+
+
+def _in_row_order(parts: Sequence[tuple[np.ndarray, Sequence[torch.Tensor]]]
+                  ) -> list[torch.Tensor]:
+    """Merge ``(rows ascending, cells)`` parts with disjoint rows into one list by row."""
+    if len(parts) == 1:
+        return list(parts[0][1])
+    order = np.argsort(np.concatenate([rows for rows, _ in parts]), kind="stable")
+    cells = [c for _, part in parts for c in part]
+    return [cells[i] for i in order.tolist()]
 
 
 class TransferDockTimeoutError(TransferDockError):
@@ -178,8 +195,9 @@ class TransferDock:
         timeout_s: bound on every dock collective; a rank that does not reach
             the same call in time makes the others raise
             :class:`TransferDockTimeoutError` instead of hanging.
-        device: where gets deliver tensors and where transfer buffers live.
-            Default: the host for a gloo data group, else the current accelerator.
+        device: where cells are kept, gets deliver them and transfer buffers
+            live (a put moves cells that are elsewhere). Default: the host for a
+            gloo data group, else the current accelerator.
         data_backend: backend of the data group (default: the group's backend;
             "nccl"/"hccl" move device tensors, "gloo" host tensors). Metadata
             always travels over gloo.
@@ -223,8 +241,8 @@ class TransferDock:
         self.warehouse = Warehouse()
         self._num_calls = 0
         self._num_clears = 0
-        # Puts of results not yet published: (record, [(column, rows, cells)]).
-        self._pending: list[tuple[PutRecord, list[tuple[str, list[int], list[torch.Tensor]]]]] = []
+        # Puts of results not yet published: (record, [(column, cells of record.rows)]).
+        self._pending: list[tuple[PutRecord, list[tuple[str, list[torch.Tensor]]]]] = []
         self.metrics = DockMetrics()
 
     # ---- placement (the only thing the centralized mode changes) ---------------
@@ -337,7 +355,8 @@ class TransferDock:
                 raise TransferDockError(
                     f"a put of results published with this {what} (put {k + 1} of "
                     f"{len(mine)} since the last get): {e}") from None
-            for name, rows, cells in mine[k][1]:
+            rows = mine[k][0].rows.tolist()
+            for name, cells in mine[k][1]:
                 self.warehouse.write_many(name, rows, cells)
         return dp_keys, list(payloads)
 
@@ -349,20 +368,17 @@ class TransferDock:
                   ) -> ExchangeResult:
         if not any_remote:  # every rank reaches the same verdict from the metadata
             return ExchangeResult({}, 0, 0)
-        ctl = self.controller
         self.metrics.num_collectives += 1
         return exchange_blocks(
-            outgoing, incoming, read_cells=read_cells,
-            numel=lambda col, rows: ctl.columns[col].numel[rows],
-            dtype=ctl.dtype, group=self._data_group, device=self.device,
+            outgoing, incoming, read_cells=read_cells, columns=self.controller.columns,
+            group=self._data_group, device=self.device,
             timeout_context=lambda: self._bounded(what))
 
-    def _restore_shapes(self, column: str, rows: list[int],
-                        cells: dict[tuple[int, str], torch.Tensor]) -> list[torch.Tensor]:
-        col = self.controller.columns[column]
-        if col.ndim == 1:  # stored as they are
-            return [cells[(r, column)] for r in rows]
-        return [cells[(r, column)].view(shape) for r, shape in zip(rows, col.shape[rows].tolist())]
+    def _keep(self, received: Mapping[str, Sequence[tuple[np.ndarray, Sequence[torch.Tensor]]]]
+              ) -> None:
+        for name, parts in received.items():
+            for rows, cells in parts:
+                self.warehouse.write_many(name, rows.tolist(), cells)
 
     # ---- public API ---------------------------------------------------------------
     def put(self, columns: Mapping[str, Sequence[torch.Tensor]], rows: Sequence[int] | None = None,
@@ -407,13 +423,20 @@ class TransferDock:
             rows = [int(r) for r in rows]
             if len(rows) != num_rows_local:
                 raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
+        shapes = {}
         for name, cells in columns.items():
-            if len({c.dtype for c in cells}) > 1:
+            kinds = {(c.dtype, c.dim(), c.device) for c in cells}
+            if len({dtype for dtype, _, _ in kinds}) > 1:
                 raise TransferDockError(f"put column {name!r} mixes dtypes")
-            if len({c.dim() for c in cells}) > 1:
-                raise TransferDockError(f"put column {name!r} mixes cells of "
-                                        f"{sorted({c.dim() for c in cells})} dimensions; every "
-                                        "cell of a column has the same number of dimensions")
+            dims = {ndim for _, ndim, _ in kinds}
+            if len(dims) > 1:
+                raise TransferDockError(f"put column {name!r} mixes cells of {sorted(dims)} "
+                                        "dimensions; every cell of a column has the same "
+                                        "number of dimensions")
+            if any(device != self.device for _, _, device in kinds):  # stored where gets deliver
+                columns[name] = cells = [c.to(self.device) for c in cells]
+            if cells:
+                shapes[name] = (str(cells[0].dtype), _shapes(cells, dims.pop()))
         if rows is None:
             if token_lengths is None:
                 integer = [cells for cells in columns.values()
@@ -427,8 +450,7 @@ class TransferDock:
         record = PutRecord(
             num_new_rows=num_rows_local if rows is None else 0,
             rows=rows if rows is not None else (),
-            columns={name: (str(cells[0].dtype), [tuple(c.shape) for c in cells])
-                     for name, cells in columns.items() if cells},
+            columns=shapes,
             token_lengths=token_lengths if rows is None else (),
             num_rows_per_group=num_rows_per_group,
         )
@@ -438,8 +460,7 @@ class TransferDock:
             # the next control collective, so this put needs no collective at all.
             # They enter the warehouse when that collective has validated them.
             self._num_calls += 1
-            self._pending.append((record, [(name, rows, _flat(cells))
-                                           for name, cells in columns.items()]))
+            self._pending.append((record, list(columns.items())))
             m = self.metrics
             m.num_puts += 1
             m.rows_put += len(rows)
@@ -453,14 +474,14 @@ class TransferDock:
                    else self.controller.new_rows_of(records, self.rank, first_new_row))
         if self.keeps_copies:  # every rank that computed a cell keeps it: nothing moves
             for name, cells in columns.items():
-                self.warehouse.write_many(name, my_rows, _flat(cells))
+                self.warehouse.write_many(name, my_rows, cells)
             result = ExchangeResult({}, 0, 0)
         else:  # the owner of each cell hands it to the rank that stores it
             position = {row: i for i, row in enumerate(my_rows)}
 
             def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
                 cells = columns[column]
-                return _flat([cells[position[r]] for r in cell_rows.tolist()])
+                return [cells[position[r]] for r in cell_rows.tolist()]
 
             outgoing, incoming = self._no_blocks(), self._no_blocks()
             any_remote = False
@@ -470,8 +491,7 @@ class TransferDock:
                 mine = owners == self.rank
                 kept = cell_rows[mine & ~remote]
                 if len(kept):
-                    for row, cell in zip(kept.tolist(), local_cells(column, kept)):
-                        self.warehouse.write(column, row, cell)
+                    self.warehouse.write_many(column, kept.tolist(), local_cells(column, kept))
                 if remote.any():
                     any_remote = True
                     for peer in range(self.size):
@@ -483,8 +503,7 @@ class TransferDock:
                             incoming[peer][column] = receive
             result = self._exchange(any_remote, outgoing, incoming, local_cells,
                                     "put (moving cells to their home rank)")
-            for (row, col), tensor in result.cells.items():
-                self.warehouse.write(col, row, tensor)
+            self._keep(result.received)
 
         m = self.metrics
         m.num_puts += 1
@@ -550,47 +569,13 @@ class TransferDock:
         ctl = self.controller
         rows_per_dp = ctl.plan_get(consumer, columns, rows_per_dp_rank, ranks_per_dp,
                                    whole_groups=whole_groups)
-        # Plan this rank's part of the move. The loop order (column, DP rank) with
-        # rows ascending is the wire order both ends of every block agree on.
         my_dp = next((d for d, ranks in enumerate(ranks_per_dp) if self.rank in ranks), None)
-        outgoing, incoming = self._no_blocks(), self._no_blocks()
-        local: list[tuple[str, np.ndarray]] = []  # (column, rows) this rank already holds
-        any_remote = False
-        own_bytes = 0
-        for col in columns:
-            meta = ctl.columns[col]
-            for d, (ranks, rows) in enumerate(zip(ranks_per_dp, rows_per_dp)):
-                if not len(rows):
-                    continue
-                owners, reached = meta.owner[rows], meta.reached[rows]
-                senders = self._senders(owners)
-                nbytes = meta.nbytes(rows)
-                for dst in ranks:
-                    missing = ~self._held_by(dst, reached)
-                    any_remote = any_remote or bool(missing.any())
-                    if dst == self.rank:
-                        if not missing.all():
-                            local.append((col, rows[~missing]))
-                        for peer in sorted(set(senders[missing].tolist())):
-                            incoming[peer][col] = rows[missing & (senders == peer)]
-                    else:
-                        send = missing & (senders == self.rank)
-                        if send.any():
-                            outgoing[dst][col] = rows[send]
-                    # This rank's share of what any placement must move: cells it
-                    # consumes for the first time, or computed and dst consumes first.
-                    first_time = ~ctl.rank_sets.contains(reached, dst)
-                    if dst != self.rank:
-                        first_time &= owners == self.rank
-                    own_bytes += int(nbytes[first_time].sum())
+        outgoing, incoming, local, any_remote, own_bytes = self._plan_moves(
+            columns, ranks_per_dp, rows_per_dp)
         result = self._exchange(any_remote, outgoing, incoming, self.warehouse.read_many,
                                 f"get for consumer {consumer!r}")
         if self.keeps_copies:  # what arrived stays here for later consumers
-            for (row, col), cell in result.cells.items():
-                self.warehouse.write(col, row, cell)
-        for col, held in local:
-            for row, cell in zip(held.tolist(), self.warehouse.read_many(col, held)):
-                result.cells[(row, col)] = cell.to(self.device)  # no copy if already there
+            self._keep(result.received)
         for ranks, rows in zip(ranks_per_dp, rows_per_dp):
             ctl.mark_taken(consumer, rows)
             ctl.mark_reached(columns, rows, ranks)
@@ -604,14 +589,66 @@ class TransferDock:
                                                + result.bytes_sent)
         batch = None
         if my_dp is not None:
-            rows = rows_per_dp[my_dp].tolist()
-            batch = DockBatch(
-                rows=rows,
-                columns={c: self._restore_shapes(c, rows, result.cells) for c in columns},
-                token_lengths=ctl.token_length[rows].tolist())
+            rows = rows_per_dp[my_dp]
+            cells = {}
+            for col in columns:
+                parts = list(result.received.get(col, ()))
+                if col in local:
+                    parts.append((local[col], self.warehouse.read_many(col, local[col])))
+                cells[col] = _in_row_order(parts) if parts else []
+            batch = DockBatch(rows=rows.tolist(), columns=cells,
+                              token_lengths=ctl.token_length[rows].tolist())
             m.rows_got += len(rows)
         m.seconds_get += time.perf_counter() - start
         return batch
+
+    def _plan_moves(self, columns: Sequence[str], ranks_per_dp: Sequence[Sequence[int]],
+                    rows_per_dp: Sequence[np.ndarray]):
+        """This rank's part of a get's data movement, from the replicated metadata.
+
+        Returns ``(outgoing, incoming, local, any_remote, own_bytes)``: the blocks
+        this rank sends to / receives from each peer (``{column: rows}``; the
+        order (column, rows ascending) is the wire order both ends agree on), the
+        rows per column it delivers from its own warehouse, whether any cell
+        crosses ranks anywhere, and this rank's own share of the bytes.
+        Vectorised over columns: every rank runs this on every get.
+        """
+        ctl = self.controller
+        outgoing, incoming = self._no_blocks(), self._no_blocks()
+        local: dict[str, np.ndarray] = {}
+        any_remote = False
+        own_bytes = 0
+        metas = [ctl.columns[c] for c in columns]
+        for ranks, rows in zip(ranks_per_dp, rows_per_dp):
+            if not len(rows):
+                continue
+            owners = np.stack([meta.owner[rows] for meta in metas])  # [columns, rows]
+            reached = np.stack([meta.reached[rows] for meta in metas])
+            senders = self._senders(owners)
+            for dst in ranks:
+                # This rank's share of what any placement must move: cells it
+                # consumes for the first time, or computed and dst consumes first.
+                first_time = ~ctl.rank_sets.contains(reached, dst)
+                if dst != self.rank:
+                    first_time &= owners == self.rank
+                for i in np.flatnonzero(first_time.any(axis=1)).tolist():
+                    own_bytes += int(metas[i].nbytes(rows[first_time[i]]).sum())
+                missing = ~self._held_by(dst, reached)
+                any_remote = any_remote or bool(missing.any())
+                if dst == self.rank:
+                    for i, col in enumerate(columns):
+                        if not missing[i].any():
+                            local[col] = rows
+                            continue
+                        if not missing[i].all():
+                            local[col] = rows[~missing[i]]
+                        for peer in np.unique(senders[i][missing[i]]).tolist():
+                            incoming[peer][col] = rows[missing[i] & (senders[i] == peer)]
+                else:
+                    send = missing & (senders == self.rank)
+                    for i in np.flatnonzero(send.any(axis=1)).tolist():
+                        outgoing[dst][columns[i]] = rows[send[i]]
+        return outgoing, incoming, local, any_remote, own_bytes
 
     def clear(self) -> None:
         """Start the next iteration: drop every row, cell and taken flag.

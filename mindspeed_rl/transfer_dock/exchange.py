@@ -6,18 +6,22 @@ from every peer: no size exchange precedes the data. The bytes for one peer are
 laid out as blocks, one per column, each block the column's cells of the rows
 concerned, back to back in ascending row order (``[sum(numel)]`` of the column's
 dtype), starting at a 16-byte boundary. A block is packed with one ``torch.cat``
-and unpacked with one ``torch.split``, so the per-cell cost stays in C++.
+(``torch.stack`` for scalar cells) and unpacked with one ``split_with_sizes``
+(``unbind`` for scalars), so the per-cell cost stays in C++: on a busy host the
+dock's per-cell Python is what every rank pays on every get.
 
 The buffers live on the transfer device: the accelerator for NCCL/HCCL groups,
 the host for gloo (which implements ``all_to_all_single`` with uneven splits in
-torch >= 2.x).
+torch >= 2.x). Cells must already be on that device (the dock moves them there
+when they are put).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,11 +34,24 @@ _ALIGN_BYTES = 16  # covers every torch dtype's alignment (complex128 is 16)
 BlocksPerPeer = Sequence[dict[str, np.ndarray]]
 
 
+class ColumnMeta(Protocol):
+    """What the exchange needs to know about a column (the controller's ``_Column``)."""
+
+    dtype: torch.dtype
+    ndim: int
+    numel: np.ndarray  # [num_rows] elements per cell
+    shape: np.ndarray  # [num_rows, ndim]
+
+
 @dataclass
 class ExchangeResult:
-    """Cells received by this rank (1-D views), and the payload bytes that crossed ranks."""
+    """What this rank received, and the payload bytes that crossed ranks.
 
-    cells: dict[tuple[int, str], torch.Tensor]
+    ``received[column]`` is one ``(rows, cells)`` pair per sending peer: rows
+    ascending, cells views into the receive buffer in their stored shapes.
+    """
+
+    received: dict[str, list[tuple[np.ndarray, Sequence[torch.Tensor]]]]
     bytes_sent: int
     bytes_received: int
 
@@ -43,10 +60,30 @@ def _padded(num_bytes: int) -> int:
     return -(-num_bytes // _ALIGN_BYTES) * _ALIGN_BYTES
 
 
+def pack_cells(cells: Sequence[torch.Tensor], ndim: int, out: torch.Tensor) -> None:
+    """Write ``cells`` (all ``ndim``-D) back to back into the 1-D ``out``."""
+    if ndim == 0:
+        torch.stack(list(cells), out=out)
+    elif ndim == 1:
+        torch.cat(list(cells), out=out)
+    else:
+        torch.cat([c.reshape(-1) for c in cells], out=out)
+
+
+def unpack_cells(flat: torch.Tensor, ndim: int, numels: list[int],
+                 shapes: np.ndarray) -> Sequence[torch.Tensor]:
+    """Views of ``flat`` as the cells :func:`pack_cells` wrote (``shapes`` only for ndim >= 2)."""
+    if ndim == 0:
+        return flat.unbind(0)
+    pieces = flat.split_with_sizes(numels)
+    if ndim == 1:
+        return pieces
+    return [p.view(s) for p, s in zip(pieces, shapes.tolist())]
+
+
 def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
-                    read_cells: Callable[[str, np.ndarray], list[torch.Tensor]],
-                    numel: Callable[[str, np.ndarray], np.ndarray],
-                    dtype: Callable[[str], torch.dtype],
+                    read_cells: Callable[[str, np.ndarray], Sequence[torch.Tensor]],
+                    columns: Mapping[str, ColumnMeta],
                     group: dist.ProcessGroup | None, device: torch.device,
                     timeout_context: Callable[[], contextlib.AbstractContextManager]
                     ) -> ExchangeResult:
@@ -54,51 +91,53 @@ def exchange_blocks(outgoing: BlocksPerPeer, incoming: BlocksPerPeer, *,
 
     Must be called by every rank of ``group`` with mutually consistent plans:
     what rank ``a`` lists in ``outgoing[b]`` is exactly what ``b`` lists in
-    ``incoming[a]``. ``read_cells(column, rows)`` returns the 1-D cells this rank
-    holds, ``numel(column, rows)`` their element counts, ``dtype`` a column's
-    dtype. ``timeout_context()`` wraps the collective. When no cell crosses ranks
-    anywhere (every rank can tell from the metadata) callers skip the call on
-    every rank alike.
+    ``incoming[a]``. ``read_cells(column, rows)`` returns the cells this rank
+    holds, ``columns[name]`` describes a column. ``timeout_context()`` wraps the
+    collective. When no cell crosses ranks anywhere (every rank can tell from
+    the metadata) callers skip the call on every rank alike.
     """
     group_size = len(outgoing)
     send_splits = [0] * group_size
     recv_splits = [0] * group_size
     bytes_sent = bytes_received = 0
-    recv_numels: list[dict[str, list[int]]] = [{} for _ in range(group_size)]
+    send_numel: list[dict[str, int]] = [{} for _ in range(group_size)]
+    recv_numels: list[dict[str, np.ndarray]] = [{} for _ in range(group_size)]
     for peer in range(group_size):
-        for column, rows in outgoing[peer].items():
-            n = int(numel(column, rows).sum()) * dtype(column).itemsize
-            send_splits[peer] += _padded(n)
-            bytes_sent += n
-        for column, rows in incoming[peer].items():
-            numels = recv_numels[peer][column] = numel(column, rows).tolist()
-            n = sum(numels) * dtype(column).itemsize
+        for name, rows in outgoing[peer].items():
+            col = columns[name]
+            n = send_numel[peer][name] = int(col.numel[rows].sum())
+            send_splits[peer] += _padded(n * col.dtype.itemsize)
+            bytes_sent += n * col.dtype.itemsize
+        for name, rows in incoming[peer].items():
+            col = columns[name]
+            numels = recv_numels[peer][name] = col.numel[rows]
+            n = int(numels.sum()) * col.dtype.itemsize
             recv_splits[peer] += _padded(n)
             bytes_received += n
 
     send = torch.empty(sum(send_splits), dtype=torch.uint8, device=device)
     offset = 0
     for peer in range(group_size):
-        for column, rows in outgoing[peer].items():
-            dt = dtype(column)
-            cells = [c.to(device) for c in read_cells(column, rows)]
-            n = sum(c.numel() for c in cells)
-            torch.cat(cells, out=send[offset:offset + n * dt.itemsize].view(dt))
-            offset += _padded(n * dt.itemsize)
+        for name, rows in outgoing[peer].items():
+            col = columns[name]
+            n = send_numel[peer][name] * col.dtype.itemsize
+            pack_cells(read_cells(name, rows), col.ndim, send[offset:offset + n].view(col.dtype))
+            offset += _padded(n)
     recv = torch.empty(sum(recv_splits), dtype=torch.uint8, device=device)
     with timeout_context():
         dist.all_to_all_single(recv, send, output_split_sizes=recv_splits,
                                input_split_sizes=send_splits, group=group)
 
-    cells_received: dict[tuple[int, str], torch.Tensor] = {}
+    received: dict[str, list[tuple[np.ndarray, Sequence[torch.Tensor]]]] = {}
     offset = 0
     for peer in range(group_size):
-        for column, rows in incoming[peer].items():
-            dt = dtype(column)
-            numels = recv_numels[peer][column]
-            n = sum(numels)
+        for name, rows in incoming[peer].items():
+            col = columns[name]
+            numels = recv_numels[peer][name]
+            n = int(numels.sum()) * col.dtype.itemsize
             # Views into the receive buffer: no copy per cell.
-            pieces = recv[offset:offset + n * dt.itemsize].view(dt).split(numels)
-            cells_received.update(zip(((r, column) for r in rows.tolist()), pieces))
-            offset += _padded(n * dt.itemsize)
-    return ExchangeResult(cells_received, bytes_sent, bytes_received)
+            cells = unpack_cells(recv[offset:offset + n].view(col.dtype), col.ndim,
+                                 numels.tolist(), col.shape[rows] if col.ndim > 1 else None)
+            received.setdefault(name, []).append((rows, cells))
+            offset += _padded(n)
+    return ExchangeResult(received, bytes_sent, bytes_received)

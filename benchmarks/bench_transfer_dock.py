@@ -24,7 +24,9 @@ One iteration replays the sample flow of GRPO (DESIGN.md section 5):
 Only the sample flow is timed (stand-in compute is a few cheap tensor ops; the
 rollout tensors are built before the clock starts). ``seconds_per_iteration``
 is the median over ``--iterations`` timed iterations of the wall time between
-two world barriers. Byte counts are row payload that crossed ranks in one
+two world barriers; ``cpu_seconds_per_iteration_all_ranks`` is the median of
+the CPU time all ranks spent in it together (all threads, so gloo's too): on a
+host with fewer cores than ranks, wall time cannot drop below it / cores. Byte counts are row payload that crossed ranks in one
 iteration (identical every iteration); ``row_bytes_rank0_own_share`` is what
 any placement must move through rank 0 (cells it computed that another rank
 uses for the first time, plus cells it uses for the first time that another
@@ -144,15 +146,18 @@ def main() -> None:
                          f"mini-batches of whole groups per training DP rank and "
                          f"--forward-gets={args.forward_gets} equal gets per training DP rank")
     dock = build_transfer_dock(args.mode, timeout_s=args.timeout_s)
-    seconds, bytes_per_rank = [], None
+    seconds, cpu_seconds, bytes_per_rank = [], [], None
     for it in range(args.warmup + args.iterations):
         rollout, token_lengths = _rollout(args, rank, world, it)
         dock.reset_metrics()
+        cpu_start = time.process_time()
         elapsed = _iteration(args, dock, layout, rollout, token_lengths)
+        cpu = time.process_time() - cpu_start  # every thread of this rank, gloo's included
         slowest = [None] * world
-        dist.all_gather_object(slowest, elapsed)
+        dist.all_gather_object(slowest, (elapsed, cpu))
         if it >= args.warmup:
-            seconds.append(max(slowest))
+            seconds.append(max(s for s, _ in slowest))
+            cpu_seconds.append(sum(c for _, c in slowest))
             per_rank = [None] * world
             m = dock.metrics
             dist.all_gather_object(per_rank, (m.row_bytes_sent + m.row_bytes_received,
@@ -166,6 +171,7 @@ def main() -> None:
             "tp": args.tp,
             "seconds_per_iteration": round(statistics.median(seconds), 4),
             "seconds_per_iteration_all": [round(s, 4) for s in seconds],
+            "cpu_seconds_per_iteration_all_ranks": round(statistics.median(cpu_seconds), 4),
             "row_bytes_through_rank0": through[0],
             "row_bytes_rank0_own_share": bytes_per_rank[0][1],
             "row_bytes_per_rank_max": max(through),

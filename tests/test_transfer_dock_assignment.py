@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,6 +54,13 @@ def test_assignment_balance_within_one_unit_of_greedy_random():
             assert token_spread(got) <= token_spread(ref) + max(lengths)
             assert max(got) <= max(ref) + max(lengths)
         assert bins == assign_units(lengths, local, num_dp, per_dp)  # deterministic
+        # The same locality as per-DP-rank lists or as one [units, dp] array.
+        dense = np.zeros((n, num_dp), dtype=np.int64)
+        for u, loc in enumerate(local):
+            for d, nbytes in loc.items():
+                dense[u, d] = nbytes
+        assert assign_units(lengths, dense.tolist(), num_dp, per_dp) == bins
+        assert assign_units(lengths, dense, num_dp, per_dp) == bins
 
 
 def _rollout(num_rows_per_rank, lengths, group=1):

@@ -366,11 +366,16 @@ class Controller:
         # over its ranks (cells they computed or received in an earlier get).
         overlap = self.rank_sets.overlap(ranks_per_dp_rank)  # [sets, DP ranks]
         local = np.zeros((len(unit_rows), num_dp_ranks), dtype=np.int64)
+        unit_of_cell = np.repeat(np.arange(len(unit_rows)), group_size)
         for c in columns:
             col = self.columns[c]
-            # [units, size, 1] bytes x [units, size, DP ranks] holders, summed over the unit
-            local += (col.nbytes(unit_rows)[:, :, None]
-                      * overlap[col.reached[unit_rows]]).sum(axis=1)
+            # Bytes per (unit, holder set) — few distinct sets — times each set's
+            # ranks in each DP rank.
+            sets, which = np.unique(col.reached[unit_rows].reshape(-1), return_inverse=True)
+            per_set = np.bincount(unit_of_cell * len(sets) + which.reshape(-1),
+                                  weights=col.nbytes(unit_rows).reshape(-1),
+                                  minlength=len(unit_rows) * len(sets))
+            local += per_set.astype(np.int64).reshape(len(unit_rows), len(sets)) @ overlap[sets]
         units_per_bin = assign_units(unit_lengths.tolist(), local, num_dp_ranks,
                                      units_per_dp_rank)
         return [np.sort(unit_rows[list(units)].reshape(-1)) for units in units_per_bin]

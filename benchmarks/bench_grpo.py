@@ -209,8 +209,8 @@ def run(args, config, plan) -> dict | None:
     timed: list[dict] = []
     try:
         if rank == 0:
-            print(plan.format(header=f"{PROG}: {args.config} on {plan.world_size} ranks"), file=sys.stderr,
-                  flush=True)
+            print(plan.format(header=f"{PROG}: {args.config} on {plan.world_size} ranks"),
+                  file=sys.stderr, flush=True)
         trainer = GRPOTrainer(config, platform, plan.layout)
         on_policy, with_ref = trainer.on_policy, trainer.reference is not None
         for i in range(args.warmup + args.iterations):

@@ -26,8 +26,9 @@ rollout tensors are built before the clock starts). ``seconds_per_iteration``
 is the median over ``--iterations`` timed iterations of the wall time between
 two world barriers; ``cpu_seconds_per_iteration_all_ranks`` is the median of
 the CPU time all ranks spent in it together (all threads, so gloo's too): on a
-host with fewer cores than ranks, wall time cannot drop below it / cores. Byte counts are row payload that crossed ranks in one
-iteration (identical every iteration); ``row_bytes_rank0_own_share`` is what
+host with fewer cores than ranks, wall time cannot drop below it / cores. Byte
+counts are row payload that crossed ranks in one iteration (identical every
+iteration); ``row_bytes_rank0_own_share`` is what
 any placement must move through rank 0 (cells it computed that another rank
 uses for the first time, plus cells it uses for the first time that another
 rank computed). ``collectives_per_iteration`` counts the dock's control and

@@ -5,8 +5,8 @@ modes deliver identical batches — but every cell lives on dock rank 0: every
 put (results included) hands the cells to rank 0, every get is served from rank
 0, and consumers keep nothing. It uses the same packed ``all_to_all_single``
 transport, so the difference measured against the distributed mode is the
-topology (everything through one rank, two hops per cell), not the serialisation. Select it with ``rl_config.transfer_dock_mode:
-centralized``.
+topology (everything through one rank, two hops per cell), not the
+serialisation. Select it with ``rl_config.transfer_dock_mode: centralized``.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.transfer_dock.controller import Controller, PutRecord, TransferDockError
+from mindspeed_rl.transfer_dock.controller import (ColumnPlacement, Controller, PutRecord,
+                                                    TransferDockError)
 from mindspeed_rl.transfer_dock.exchange import ExchangeResult, exchange_blocks
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 
@@ -461,49 +462,19 @@ class TransferDock:
             # They enter the warehouse when that collective has validated them.
             self._num_calls += 1
             self._pending.append((record, list(columns.items())))
-            m = self.metrics
-            m.num_puts += 1
-            m.rows_put += len(rows)
-            m.seconds_put += time.perf_counter() - start
-            return list(rows)
-
-        _, records = self._control("put", "put", (), payload=record)
-        first_new_row = self.controller.num_rows
-        placements = self.controller.apply_put(records)
-        my_rows = (list(rows) if rows is not None
-                   else self.controller.new_rows_of(records, self.rank, first_new_row))
-        if self.keeps_copies:  # every rank that computed a cell keeps it: nothing moves
-            for name, cells in columns.items():
-                self.warehouse.write_many(name, my_rows, cells)
-            result = ExchangeResult({}, 0, 0)
-        else:  # the owner of each cell hands it to the rank that stores it
-            position = {row: i for i, row in enumerate(my_rows)}
-
-            def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
-                cells = columns[column]
-                return [cells[position[r]] for r in cell_rows.tolist()]
-
-            outgoing, incoming = self._no_blocks(), self._no_blocks()
-            any_remote = False
-            for column, cell_rows, owners in placements:  # (column, row): the wire order
-                homes = self._senders(owners)
-                remote = homes != owners
-                mine = owners == self.rank
-                kept = cell_rows[mine & ~remote]
-                if len(kept):
-                    self.warehouse.write_many(column, kept.tolist(), local_cells(column, kept))
-                if remote.any():
-                    any_remote = True
-                    for peer in range(self.size):
-                        send = cell_rows[mine & remote & (homes == peer)]
-                        if len(send):
-                            outgoing[peer][column] = send
-                        receive = cell_rows[(homes == self.rank) & remote & (owners == peer)]
-                        if len(receive):
-                            incoming[peer][column] = receive
-            result = self._exchange(any_remote, outgoing, incoming, local_cells,
-                                    "put (moving cells to their home rank)")
-            self._keep(result.received)
+            my_rows, result = list(rows), ExchangeResult({}, 0, 0)
+        else:
+            _, records = self._control("put", "put", (), payload=record)
+            first_new_row = self.controller.num_rows
+            placements = self.controller.apply_put(records)
+            my_rows = (list(rows) if rows is not None
+                       else self.controller.new_rows_of(records, self.rank, first_new_row))
+            if self.keeps_copies:  # every rank that computed a cell keeps it: nothing moves
+                for name, cells in columns.items():
+                    self.warehouse.write_many(name, my_rows, cells)
+                result = ExchangeResult({}, 0, 0)
+            else:
+                result = self._hand_to_homes(columns, my_rows, placements)
 
         m = self.metrics
         m.num_puts += 1
@@ -512,6 +483,38 @@ class TransferDock:
         m.row_bytes_received += result.bytes_received
         m.seconds_put += time.perf_counter() - start
         return my_rows
+
+    def _hand_to_homes(self, columns: Mapping[str, list[torch.Tensor]], my_rows: list[int],
+                       placements: Sequence[ColumnPlacement]) -> ExchangeResult:
+        """Centralized put: the owner of each cell hands it to the rank that stores it."""
+        position = {row: i for i, row in enumerate(my_rows)}
+
+        def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
+            cells = columns[column]
+            return [cells[position[r]] for r in cell_rows.tolist()]
+
+        outgoing, incoming = self._no_blocks(), self._no_blocks()
+        any_remote = False
+        for column, cell_rows, owners in placements:  # (column, row): the wire order
+            homes = self._senders(owners)
+            remote = homes != owners
+            mine = owners == self.rank
+            kept = cell_rows[mine & ~remote]
+            if len(kept):
+                self.warehouse.write_many(column, kept.tolist(), local_cells(column, kept))
+            if remote.any():
+                any_remote = True
+                for peer in range(self.size):
+                    send = cell_rows[mine & remote & (homes == peer)]
+                    if len(send):
+                        outgoing[peer][column] = send
+                    receive = cell_rows[(homes == self.rank) & remote & (owners == peer)]
+                    if len(receive):
+                        incoming[peer][column] = receive
+        result = self._exchange(any_remote, outgoing, incoming, local_cells,
+                                "put (moving cells to their home rank)")
+        self._keep(result.received)
+        return result
 
     def get(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
             dp_group: dist.ProcessGroup | ConsumerLayout | None = None, *,

@@ -17,10 +17,6 @@ class Warehouse:
     def __init__(self) -> None:
         self._cells: dict[str, dict[int, torch.Tensor]] = {}
 
-    def write(self, column: str, row: int, tensor: torch.Tensor) -> None:
-        """Store one cell (the tensor itself, not a copy)."""
-        self._cells.setdefault(column, {})[row] = tensor
-
     def write_many(self, column: str, rows, tensors) -> None:
         """Store the cells of ``rows`` (ints) of one column (the tensors themselves)."""
         self._cells.setdefault(column, {}).update(zip(rows, tensors))

@@ -213,8 +213,9 @@ def _check_mode(results: list[dict], world: int) -> None:
     assert "'critic_values'" in errors[1] and "'values': 0 ready" in errors[1]
     assert "'greedy'" in errors[2] and f"= {num_rows + 1} rows" in errors[2] \
         and f"only {num_rows}" in errors[2]
-    assert [r["second"] for r in results][0][1] == [0]
-    assert results[world - 1]["second"][0] == [world - 1]
+    # After clear() the rows are gone but ids keep growing: the next put continues them.
+    assert [r["second"] for r in results][0][1] == [num_rows]
+    assert results[world - 1]["second"][0] == [num_rows + world - 1]
 
 
 def _check_world(results: list[dict], world: int) -> None:
@@ -405,3 +406,52 @@ def test_control_protocol_replicas_deferred_puts_overflow_and_misuse():
     for r in results:
         assert "ranks disagree" in r["skipped_clear"] and "after 1 clear()" in r["skipped_clear"]
         assert "ranks disagree" in r["mixed"] and "rows=[]" in r["mixed"]
+
+
+# ---- rows kept across iterations (the room partial rollout needs) -------------------------
+
+def _retire_and_restore(mode: str) -> dict:
+    rank = dist.get_rank()
+    dock = build_transfer_dock(mode, timeout_s=60)
+    # 2 ranks x 4 rows: ids 0..7, groups of 2
+    dock.put({"ids": [torch.arange(3) + 10 * rank + i for i in range(4)]}, num_rows_per_group=2)
+    first = dock.get("c", ["ids"], 2)  # the oldest 4 rows, 2 per rank
+    dock.put({"lp": [c.float() for c in first["ids"]]}, rows=first.rows)
+    out = {"first": first.rows}
+    # Retire what was consumed; the other rows stay, with their ids and cells.
+    dock.retire(list(range(4)))
+    out["left"] = dock.num_rows
+    out["again"] = dock.put({"ids": [torch.arange(2) + 100 + rank]})
+    state = dock.state_dict()
+    fresh = build_transfer_dock(mode, timeout_s=60)
+    fresh.load_state_dict(state)
+    later = fresh.get("c", ["ids"], 2)
+    out["later_rows"] = later.rows
+    out["later_cells"] = [c.tolist() for c in later["ids"]]
+    try:
+        fresh.put({"lp": [torch.zeros(1)]}, rows=[0])
+        out["retired_put"] = "no error"
+    except TransferDockError as e:
+        out["retired_put"] = str(e)
+    fresh.clear()
+    out["after_clear"] = fresh.put({"ids": [torch.ones(1, dtype=torch.long)]})
+    return out
+
+
+def _rows_across_iterations() -> dict:
+    return {mode: _retire_and_restore(mode) for mode in ("distributed", "centralized")}
+
+
+def test_retired_rows_leave_and_kept_rows_survive_a_checkpoint():
+    results = run_on_ranks(_rows_across_iterations, 2, timeout=300)
+    for mode in ("distributed", "centralized"):
+        r0, r1 = results[0][mode], results[1][mode]
+        assert sorted(r0["first"] + r1["first"]) == [0, 1, 2, 3]
+        assert r0["left"] == r1["left"] == 4
+        assert (r0["again"], r1["again"]) == ([8], [9])  # ids keep growing
+        # rows 4..7 (rank 1's put) come out of the restored dock with their own cells
+        assert sorted(r0["later_rows"] + r1["later_rows"]) == [4, 5, 6, 7]
+        cells = {row: c for r in (r0, r1) for row, c in zip(r["later_rows"], r["later_cells"])}
+        assert cells == {4 + i: [10 + i, 11 + i, 12 + i] for i in range(4)}
+        assert "row 0, which was retired" in r0["retired_put"]
+        assert (r0["after_clear"], r1["after_clear"]) == ([10], [11])

@@ -140,6 +140,10 @@ class _Column:
             self.numel = np.concatenate([self.numel, np.zeros(extra, dtype=np.int64)])
             self.shape = np.concatenate([self.shape, np.zeros((extra, self.ndim), np.int64)])
 
+    def drop_leading(self, k: int) -> None:
+        self.owner, self.reached = self.owner[k:], self.reached[k:]
+        self.numel, self.shape = self.numel[k:], self.shape[k:]
+
     def nbytes(self, rows: np.ndarray) -> np.ndarray:
         return self.numel[rows] * self.dtype.itemsize
 
@@ -164,15 +168,77 @@ class Controller:
 
     def __init__(self) -> None:
         self.rank_sets = RankSets()
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every row (next iteration); row ids restart at 0."""
-        self.num_rows = 0
+        # Rows are indexed locally: local row i is global row ``base + i``. Retiring the
+        # oldest rows moves ``base`` forward and drops their metadata, so memory follows
+        # the rows still held while global ids keep growing across iterations.
+        self.base = 0
+        self.num_rows = 0  # local rows (retired ones between live rows included)
         self.token_length = np.zeros(0, dtype=np.int64)
-        self.group = np.zeros(0, dtype=np.int64)  # group id = first row id of the group
+        self.group = np.zeros(0, dtype=np.int64)  # group id = local id of the group's first row
+        self.live = np.zeros(0, dtype=bool)  # False once retired
         self.columns: dict[str, _Column] = {}
         self._taken: dict[str, np.ndarray] = {}
+
+    @property
+    def next_row_id(self) -> int:
+        """The global id the next new row gets (ids never repeat)."""
+        return self.base + self.num_rows
+
+    @property
+    def num_live_rows(self) -> int:
+        return int(self.live.sum())
+
+    def retire(self, rows: np.ndarray | None = None) -> int:
+        """Retire local ``rows`` (all rows when None): they are never delivered again.
+
+        Returns ``k``, how many leading local rows were dropped: local row ``i`` is now
+        ``i - k`` (the caller renumbers what it keys by local row; ``base`` grew by k).
+        """
+        if rows is None:
+            self.live[:] = False
+        else:
+            self.live[np.asarray(rows, dtype=np.int64)] = False
+        alive = np.flatnonzero(self.live)
+        k = int(alive[0]) if len(alive) else self.num_rows
+        if k:
+            self.base += k
+            self.num_rows -= k
+            self.token_length = self.token_length[k:]
+            self.group = self.group[k:] - k
+            self.live = self.live[k:]
+            for col in self.columns.values():
+                col.drop_leading(k)
+            self._taken = {c: t[k:] for c, t in self._taken.items()}
+        if not self.num_rows:  # every row retired: column dtypes may change next time
+            self.columns = {}
+            self._taken = {}
+        return k
+
+    def state_dict(self) -> dict:
+        """The replicated metadata (identical on every rank), for checkpoints: tensors and
+        plain values only, so it loads with ``torch.load(weights_only=True)``."""
+        t = torch.from_numpy
+        return {"base": self.base, "num_rows": self.num_rows,
+                "token_length": t(self.token_length.copy()), "group": t(self.group.copy()),
+                "live": t(self.live.copy()), "rank_sets": [sorted(s) for s in self.rank_sets.sets],
+                "taken": {c: t(m.copy()) for c, m in self._taken.items()},
+                "columns": {name: [str(c.dtype), c.ndim, t(c.owner.copy()), t(c.reached.copy()),
+                                   t(c.numel.copy()), t(c.shape.copy())]
+                            for name, c in self.columns.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rank_sets = RankSets()
+        for ranks in state["rank_sets"]:
+            self.rank_sets.id_of(ranks)
+        self.base, self.num_rows = int(state["base"]), int(state["num_rows"])
+        self.token_length, self.group = state["token_length"].numpy(), state["group"].numpy()
+        self.live = state["live"].numpy()
+        self._taken = {c: m.numpy() for c, m in state["taken"].items()}
+        self.columns = {}
+        for name, (dtype, ndim, owner, reached, numel, shape) in state["columns"].items():
+            col = self.columns[name] = _Column(dtype_from_name(dtype), ndim, 0)
+            col.owner, col.reached = owner.numpy(), reached.numpy()
+            col.numel, col.shape = numel.numpy(), shape.numpy()
 
     # ---- put -----------------------------------------------------------------
     def apply_put(self, record_per_rank: Sequence[PutRecord]) -> list[ColumnPlacement]:
@@ -209,8 +275,9 @@ class Controller:
         for rank, (rec, rows) in enumerate(zip(record_per_rank, rows_per_rank)):
             if len(rows) and (rows.min() < 0 or rows.max() >= next_row):
                 bad = int(rows[(rows < 0) | (rows >= next_row)][0])
-                raise TransferDockError(f"rank {rank} put row {bad}, which does not exist "
-                                        f"(this iteration has {self.num_rows} rows)")
+                raise TransferDockError(f"rank {rank} put row {bad + self.base}, which does "
+                                        f"not exist (the dock holds rows {self.base} to "
+                                        f"{self.next_row_id - 1})")
             if len(np.unique(rows)) != len(rows):
                 raise TransferDockError(f"rank {rank} put the same row twice in one put")
             for name, (dtype_name, shapes) in rec.columns.items():
@@ -232,8 +299,8 @@ class Controller:
                     written = existing[col.owner[existing] >= 0]
                     if len(written):
                         raise TransferDockError(
-                            f"rank {rank} put column {name!r} of row {int(written.min())}, "
-                            "which is already written this iteration")
+                            f"rank {rank} put column {name!r} of row "
+                            f"{int(written.min()) + self.base}, which is already written")
                 writers.setdefault(name, []).append((rows, rank, shapes))
 
         placements = []
@@ -251,7 +318,7 @@ class Controller:
                     j = first[np.searchsorted(unique_rows, rows[i])]
                     raise TransferDockError(
                         f"ranks {int(ranks[j])} and {int(ranks[i])} put column {name!r} of row "
-                        f"{int(rows[i])} with different shapes {tuple(shapes[j].tolist())} "
+                        f"{int(rows[i]) + self.base} with different shapes {tuple(shapes[j].tolist())} "
                         f"and {tuple(shapes[i].tolist())}")
             # Peers that computed the same cell all offer it (and all keep it); the
             # owner, who serves it to ranks lacking it, rotates by row so the sends
@@ -283,6 +350,7 @@ class Controller:
                 group = max(rec.num_rows_per_group, 1)
                 self.token_length = np.concatenate([self.token_length, rec.token_lengths])
                 self.group = np.concatenate([self.group, rows - (rows - rows[0]) % group])
+        self.live = np.concatenate([self.live, np.ones(next_row - self.num_rows, dtype=bool)])
         self.num_rows = next_row
         for col in self.columns.values():
             col.grow(next_row)
@@ -393,7 +461,7 @@ class Controller:
         """``[num_rows]`` bool: ``columns`` all written and not taken by ``consumer``."""
         if any(c not in self.columns for c in columns):
             return np.zeros(self.num_rows, dtype=bool)
-        ready = ~self._taken_mask(consumer)
+        ready = ~self._taken_mask(consumer) & self.live
         for c in columns:
             ready &= self.columns[c].owner >= 0
         return ready
@@ -425,7 +493,7 @@ class Controller:
             f"{rows_per_dp_rank} rows per DP rank x {num_dp_ranks} DP ranks = "
             f"{rows_per_dp_rank * num_dp_ranks} rows with columns {list(columns)}, but only "
             f"{num_eligible} {unit} are ready and not yet taken by {consumer!r}. "
-            f"This iteration holds {self.num_rows} rows; per column: {', '.join(per_column)}; "
+            f"The dock holds {self.num_live_rows} rows; per column: {', '.join(per_column)}; "
             f"already taken by {consumer!r}: {self.num_taken(consumer)}. Every put before this "
             "get has been published, so waiting cannot help: put the missing column or ask "
             "for fewer rows.")

@@ -69,6 +69,18 @@ def _in_row_order(parts: Sequence[tuple[np.ndarray, Sequence[torch.Tensor]]]
     return [cells[i] for i in order.tolist()]
 
 
+def _without_rows(record: PutRecord, cells: list[tuple[str, list[torch.Tensor]]],
+                  retired: np.ndarray, shift: int
+                  ) -> tuple[PutRecord, list[tuple[str, list[torch.Tensor]]]]:
+    """A put of results not yet published, minus the ``retired`` rows, renumbered by
+    ``shift`` (the record stays, possibly empty: ranks pair puts by their order)."""
+    keep = ~np.isin(record.rows, retired)
+    index = np.flatnonzero(keep).tolist()
+    columns = {name: (dtype, shapes[keep]) for name, (dtype, shapes) in record.columns.items()}
+    return (PutRecord(rows=record.rows[keep] - shift, columns=columns),
+            [(name, [c[i] for i in index]) for name, c in cells])
+
+
 class TransferDockTimeoutError(TransferDockError):
     """A dock collective did not complete within the configured timeout."""
 
@@ -420,10 +432,14 @@ class TransferDock:
             raise TransferDockError(f"put columns have different row counts "
                                     f"{ {n: len(c) for n, c in columns.items()} }")
         num_rows_local = num_rows.pop() if num_rows else 0
+        base = self.controller.base
         if rows is not None:
-            rows = [int(r) for r in rows]
+            rows = [int(r) - base for r in rows]  # global ids -> the controller's local rows
             if len(rows) != num_rows_local:
                 raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
+            if rows and min(rows) < 0:
+                raise TransferDockError(f"put of results for row {min(rows) + base}, which was "
+                                        "retired (the dock no longer holds it)")
         shapes = {}
         for name, cells in columns.items():
             kinds = {(c.dtype, c.dim(), c.device) for c in cells}
@@ -482,7 +498,7 @@ class TransferDock:
         m.row_bytes_sent += result.bytes_sent
         m.row_bytes_received += result.bytes_received
         m.seconds_put += time.perf_counter() - start
-        return my_rows
+        return [r + base for r in my_rows]
 
     def _hand_to_homes(self, columns: Mapping[str, list[torch.Tensor]], my_rows: list[int],
                        placements: Sequence[ColumnPlacement]) -> ExchangeResult:
@@ -599,7 +615,7 @@ class TransferDock:
                 if col in local:
                     parts.append((local[col], self.warehouse.read_many(col, local[col])))
                 cells[col] = _in_row_order(parts) if parts else []
-            batch = DockBatch(rows=rows.tolist(), columns=cells,
+            batch = DockBatch(rows=(rows + ctl.base).tolist(), columns=cells,
                               token_lengths=ctl.token_length[rows].tolist())
             m.rows_got += len(rows)
         m.seconds_get += time.perf_counter() - start
@@ -653,21 +669,63 @@ class TransferDock:
                         outgoing[dst][columns[i]] = rows[send[i]]
         return outgoing, incoming, local, any_remote, own_bytes
 
-    def clear(self) -> None:
-        """Start the next iteration: drop every row, cell and taken flag.
+    def retire(self, rows: Sequence[int] | None = None) -> None:
+        """Drop ``rows`` (global ids; all rows when None): their cells leave every
+        warehouse and no get delivers them again; the other rows stay for later gets.
 
-        Local (no collective), but every rank must call it: the next put or get
-        checks that all ranks have cleared equally often.
+        Row ids keep growing across retires. Local (no collective), but every rank
+        must call it alike: the next put or get checks that all ranks have retired
+        equally often.
         """
+        ctl = self.controller
+        local = None if rows is None else np.asarray(rows, dtype=np.int64) - ctl.base
+        if local is not None and len(local) and (local.min() < 0 or local.max() >= ctl.num_rows):
+            raise TransferDockError(f"retire of rows outside the dock's {ctl.base} to "
+                                    f"{ctl.next_row_id - 1}")
         self._num_clears += 1
-        self._pending = []
-        self.controller.clear()
-        self.warehouse.clear()
+        if local is None:
+            self._pending = []  # results for rows that no get will ever deliver
+            self.warehouse.clear()
+        else:
+            self.warehouse.drop(local)
+        shift = ctl.retire(local)
+        if shift:
+            self.warehouse.renumber(shift)
+        if self._pending:  # unpublished results: drop retired rows, renumber the rest
+            self._pending = [_without_rows(record, cells, local, shift)
+                             for record, cells in self._pending]
+
+    def clear(self) -> None:
+        """Retire every row (the end of an iteration); row ids continue to grow."""
+        self.retire(None)
 
     @property
     def num_rows(self) -> int:
-        """Rows in this iteration (same on every rank)."""
-        return self.controller.num_rows
+        """Rows the dock holds now (same on every rank)."""
+        return self.controller.num_live_rows
+
+    @property
+    def next_row_id(self) -> int:
+        """The id the next new row gets (same on every rank)."""
+        return self.controller.next_row_id
+
+    def state_dict(self) -> dict:
+        """This rank's dock: the replicated metadata and the cells it holds.
+
+        Results put but not yet published are published first by a get; call this
+        between iterations (after ``retire``), when every put has been applied.
+        """
+        if self._pending:
+            raise TransferDockError("state_dict() with puts of results not yet published; "
+                                    "save between iterations")
+        return {"controller": self.controller.state_dict(), "cells": self.warehouse.state_dict(),
+                "num_clears": self._num_clears, "num_calls": self._num_calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.warehouse.load_state_dict(state["cells"])
+        self._num_clears, self._num_calls = int(state["num_clears"]), int(state["num_calls"])
+        self._pending = []
 
     def num_ready(self, consumer: str, columns: Sequence[str]) -> int:
         """Rows whose ``columns`` are all ready and that ``consumer`` has not taken (local, no

@@ -37,5 +37,22 @@ class Warehouse:
                    for t in rows.values())
 
     def clear(self) -> None:
-        """Drop every cell (next iteration)."""
+        """Drop every cell."""
         self._cells.clear()
+
+    def drop(self, rows: np.ndarray) -> None:
+        """Drop every cell of ``rows`` (an int array)."""
+        for cells in self._cells.values():
+            for r in rows.tolist():
+                cells.pop(r, None)
+
+    def renumber(self, shift: int) -> None:
+        """Row ``r`` becomes ``r - shift`` (the controller dropped ``shift`` leading rows)."""
+        self._cells = {c: {r - shift: t for r, t in cells.items()}
+                       for c, cells in self._cells.items()}
+
+    def state_dict(self) -> dict[str, dict[int, torch.Tensor]]:
+        return {c: dict(cells) for c, cells in self._cells.items() if cells}
+
+    def load_state_dict(self, state: dict[str, dict[int, torch.Tensor]]) -> None:
+        self._cells = {c: dict(cells) for c, cells in state.items()}

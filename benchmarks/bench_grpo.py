@@ -5,8 +5,8 @@ Run under torchrun, with the launcher's arguments::
     torchrun --nproc_per_node 2 benchmarks/bench_grpo.py --config configs/grpo_tiny_test.yaml \\
         [--iterations 3] [--warmup 1] [dotted.key=value ...]
 
-The trainer is built exactly as ``pretrain_grpo.py`` builds it (load_config,
-make_plan, setup_platform, init_process_group, GRPOTrainer), with checkpoint
+The trainer is built exactly as ``pretrain_grpo.py`` builds it (the shared
+bootstrap ``mindspeed_rl.trainer.launch``: load_job, trainer_session), with checkpoint
 saving and evaluation switched off (``actor_config.save=null``,
 ``megatron_training.test_data_path=null``) and ``megatron_training.train_iters``
 set to warmup + iterations. ``--warmup`` iterations run first and are not
@@ -55,8 +55,7 @@ n_samples_per_prompt responses.
 * ``tflops_ref`` = rows x forward when the reference model runs
   (``rl_config.init_kl_coef`` != 0), else 0;
 * ``tflops_old`` = rows x forward, or 0 when the trainer is on-policy
-  (``GRPOTrainer.on_policy``: one epoch, one mini-batch: the old-log-prob forward
-  is skipped);
+  (one epoch, one mini-batch: the trainer runs no ``old_log_p`` phase);
 * ``tflops_rollout`` = prefill once per prompt, B x (2 N P + 4 L A P(P+1)/2)
   (the n samples of a prompt share its prefill), plus decode of every generated
   token over its context, rows x (2 N R + 2 h V R + 4 L A (P R + R(R+1)/2)).
@@ -198,21 +197,14 @@ def run(args, config, plan) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from mindspeed_rl.parallel.groups import init_distributed, teardown_distributed
-    from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer import GRPOTrainer
+    from mindspeed_rl.trainer.launch import trainer_session
 
-    platform = setup_platform()
-    init_distributed(platform, timeout_s=max(1800, config.rl_config.transfer_dock_timeout_s))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    trainer = None
     timed: list[dict] = []
-    try:
-        if rank == 0:
-            print(plan.format(header=f"{PROG}: {args.config} on {plan.world_size} ranks"),
-                  file=sys.stderr, flush=True)
-        trainer = GRPOTrainer(config, platform, plan.layout)
-        on_policy, with_ref = trainer.on_policy, trainer.reference is not None
+    with trainer_session(config, plan, header=f"{PROG}: {args.config} on {plan.world_size} ranks",
+                         plan_to=sys.stderr) as trainer:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        phases = {p.name for p in trainer.phases}
+        on_policy, with_ref = "old_log_p" not in phases, "reference_model" in phases
         for i in range(args.warmup + args.iterations):
             metrics = trainer.run_iteration(i + 1)
             if i >= args.warmup:
@@ -225,12 +217,11 @@ def run(args, config, plan) -> dict | None:
             dist.all_gather_object(everyone, mine)
             peak = statistics.median(everyone)
         threads = torch.get_num_threads()
-    finally:
-        teardown_distributed(trainer.close if trainer is not None else None)
+        device = trainer.platform.device_type
     if rank != 0:
         return None
     return summarize(args, config, plan, timed, on_policy=on_policy, with_ref=with_ref,
-                     world=world, matmul_peak=peak, threads=threads, device=platform.device_type)
+                     world=world, matmul_peak=peak, threads=threads, device=device)
 
 
 def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_ref: bool,
@@ -305,15 +296,15 @@ def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_re
 
 
 def main(argv=None) -> int:
-    from mindspeed_rl.config import ConfigError, load_config, make_plan
+    from mindspeed_rl.config import ConfigError
+    from mindspeed_rl.trainer.launch import load_job
 
     args = _parse(argv)
     overrides = [f"megatron_training.log_dir={args.log_dir}", *args.overrides,
                  "actor_config.save=null", "megatron_training.test_data_path=null", "megatron_training.test_interval=0",
                  f"megatron_training.train_iters={args.warmup + args.iterations}"]
     try:
-        config = load_config(args.config, overrides)
-        plan = make_plan(config, int(os.environ.get("WORLD_SIZE", "1")))
+        config, plan = load_job(args.config, overrides, algorithm="grpo")
     except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

@@ -176,7 +176,8 @@ def _one_training_step(actor, arch, rank: int, seed: int) -> None:
     import torch
     from megatron.core import parallel_state as ps
 
-    from mindspeed_rl.trainer.actor import RowBatch
+    from mindspeed_rl.config.schema import RLConfig
+    from mindspeed_rl.trainer.micro_batches import RowBatch
 
     g = torch.Generator().manual_seed(seed + ps.get_data_parallel_rank())
     vocab = min(arch.vocab_size, 300)  # any real token ids will do
@@ -184,8 +185,8 @@ def _one_training_step(actor, arch, rank: int, seed: int) -> None:
     prompts = [torch.randint(0, vocab, (16,), generator=g) for _ in range(rows)]
     responses = [torch.randint(0, vocab, (16,), generator=g) for _ in range(rows)]
     advantages = [torch.randn(1, generator=g) for _ in range(rows)]
-    actor.update(RowBatch(prompts, responses, {"advantages": advantages}), micro_batch_size=rows,
-                 clip_ratio=0.2, kl_coef=0.0, kl_kind="k1", entropy_coeff=0.0,
+    actor.update(RowBatch(prompts, responses, {"advantages": advantages}), rows,
+                 RLConfig(clip_ratio=0.2, entropy_coeff=0.0), kl_coef=0.0,
                  vocab_size=arch.vocab_size)
 
 
@@ -201,7 +202,8 @@ def run(args) -> dict | None:
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.resharding import Resharder
     from mindspeed_rl.rollout import RolloutEngine
-    from mindspeed_rl.trainer.actor import MegatronActor, OptimizerSettings, build_policy_model
+    from mindspeed_rl.config.schema import ActorConfig
+    from mindspeed_rl.trainer.actor import MegatronActor, build_policy_model
 
     platform = setup_platform()
     init_distributed(platform)
@@ -224,10 +226,9 @@ def run(args) -> dict | None:
         load_hf_weights(model, arch, HFCheckpointReader(hf_dir))
         chunks, optimizer = [model], None
         if args.with_optimizer:
-            actor = MegatronActor(model, OptimizerSettings(
-                lr=1e-5, min_lr=0.0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
-                clip_grad=1.0, lr_decay_style="constant", lr_warmup_fraction=0.0, total_steps=1,
-                use_distributed_optimizer=True, bf16=False))
+            actor = MegatronActor(
+                model, ActorConfig(lr=1e-5, weight_decay=0.0, adam_beta2=0.999),
+                total_steps=1, use_distributed_optimizer=True, bf16=False)
             _one_training_step(actor, arch, rank, args.seed)
             chunks, optimizer = actor.chunks, actor.optimizer
         util = args.gpu_memory_utilization

@@ -314,3 +314,44 @@ def test_vocab_parallel_logprobs_match_full_vocab_with_grads():
     (grad_parallel,) = torch.autograd.grad(outputs[1].sum(), logits)
     (grad_full,) = torch.autograd.grad(expected.sum(), logits)
     close(grad_parallel, grad_full)
+
+
+# ---- PPO: rewards per token, whitening, KL controller ----
+
+def test_token_level_rewards_score_on_last_token_and_kl_everywhere():
+    from mindspeed_rl.algorithms import token_level_rewards
+
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])
+    scores = torch.tensor([2.0, -1.0, 5.0])  # the empty row gets nothing
+    close(token_level_rewards(scores, mask), [[0, 0, 2.0], [0, -1.0, 0], [0, 0, 0]])
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.5, 9.0], [1.0, 1.0, 1.0]])
+    close(token_level_rewards(scores, mask, kl, kl_coef=0.5),
+          [[-0.05, -0.1, 2.0 - 0.15], [-0.25, -1.25, 0], [0, 0, 0]])
+
+
+def test_whiten_with_given_statistics():
+    from mindspeed_rl.algorithms import whiten
+
+    x = torch.tensor([[1.0, 3.0, 7.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    close(whiten(x, mask, mean=2.0, var=4.0, eps=0.0), [[-0.5, 0.5, 0.0]])
+
+
+def test_adaptive_kl_controller_by_hand():
+    from mindspeed_rl.algorithms import KLController
+
+    fixed = KLController(0.1)
+    assert fixed.update(50.0, 256) == 0.1
+    ctl = KLController(0.1, "adaptive", target=6.0, horizon=1000)
+    # kl 9 = 1.5 x target: the error 0.5 is clipped to 0.2; beta *= 1 + 0.2 * 256 / 1000
+    close(ctl.update(9.0, 256), 0.1 * 1.0512)
+    # kl 4.5: error -0.25 -> clipped -0.2; beta *= 1 - 0.2 * 500 / 1000
+    close(ctl.update(4.5, 500), 0.1 * 1.0512 * 0.9)
+    # kl 6.6: error 0.1 (inside the clip); beta *= 1 + 0.1 * 100 / 1000
+    before = ctl.value
+    close(ctl.update(6.6, 100), before * 1.01)
+    restored = KLController(1.0, "adaptive")
+    restored.load_state_dict(ctl.state_dict())
+    assert restored.value == ctl.value
+    with pytest.raises(ValueError, match="kl_ctrl_type"):
+        KLController(0.1, "pid")

@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
 REQUIRED_KEYS = [
     "iteration", "timing/all", "timing/rollout", "timing/resharding_to_infer",
-    "timing/resharding_to_train", "timing/reward", "timing/adv", "timing/old_log_p",
+    "timing/resharding_to_train", "timing/reward", "timing/adv",
     "timing/reference_model", "timing/update", "throughput/e2e_tokens_per_s_per_device",
     "throughput/rollout_tokens_per_s_per_device", "reward/mean", "response_length/mean",
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
-    "actor/lr",
+    "actor/lr", "rollout/logprob_abs_diff_mean", "rollout/logprob_abs_diff_max",
+    "response/truncated_fraction", "transfer_dock/collectives",
 ]
 
 
@@ -81,6 +82,10 @@ def test_grpo_iterations_complete_with_all_metrics(assets, layout):
         assert row["response_length/mean"] > 0 and row["timing/all"] > 0
     # the reference is the initial policy: no KL before the first update, some after
     assert train[1]["actor/kl_loss"] < train[3]["actor/kl_loss"]
+    # Two mini-batches need the old log-probs; one mini-batch (on-policy) skips that forward.
+    assert ("timing/old_log_p" in train[1]) == ("rl_config.mini_batch_size=4" not in layout)
+    # fp32 vLLM and megatron agree on the log-probs of the same weights.
+    assert all(row["rollout/logprob_abs_diff_max"] < 1e-3 for row in train.values())
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["iteration"] for r in evals] == [0, 3]
     assert "iter 3/3" in proc.stdout + proc.stderr

@@ -6,11 +6,13 @@ right-padded ``[batch, resp_len]`` with a response mask of the same shape.
 """
 
 from mindspeed_rl.algorithms.advantages import (broadcast_to_tokens, gae_advantages,
-                                                group_normalized_advantages)
+                                                group_normalized_advantages,
+                                                token_level_rewards, whiten)
 from mindspeed_rl.algorithms.dapo import groups_with_reward_spread, overlong_penalty
 from mindspeed_rl.algorithms.entropy import (entropy_from_logits,
                                              entropy_from_vocab_parallel_logits)
 from mindspeed_rl.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from mindspeed_rl.algorithms.kl_controller import KLController
 from mindspeed_rl.algorithms.logprobs import (logprobs_from_logits,
                                               logprobs_from_vocab_parallel_logits)
 from mindspeed_rl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -18,9 +20,10 @@ from mindspeed_rl.algorithms.policy_loss import LOSS_AGG_MODES, agg_loss, policy
 from mindspeed_rl.algorithms.value_loss import value_loss
 
 __all__ = [
-    "KL_ESTIMATORS", "LOSS_AGG_MODES", "agg_loss", "broadcast_to_tokens",
+    "KLController", "KL_ESTIMATORS", "LOSS_AGG_MODES", "agg_loss", "broadcast_to_tokens",
     "entropy_from_logits", "entropy_from_vocab_parallel_logits", "gae_advantages",
     "group_normalized_advantages", "groups_with_reward_spread", "kl_penalty",
     "logprobs_from_logits", "logprobs_from_vocab_parallel_logits", "masked_mean", "masked_sum",
-    "masked_var", "masked_whiten", "overlong_penalty", "policy_loss", "value_loss",
+    "masked_var", "masked_whiten", "overlong_penalty", "policy_loss", "token_level_rewards",
+    "value_loss", "whiten",
 ]

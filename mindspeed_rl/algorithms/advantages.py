@@ -98,3 +98,28 @@ def gae_advantages(rewards_per_token: torch.Tensor, values: torch.Tensor, mask: 
         advantages = torch.stack(advantages_reversed[::-1], dim=1) * mask_f
         returns = (advantages + values_f) * mask_f
     return advantages.to(values.dtype), returns.to(values.dtype)
+
+
+def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor,
+                        kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+    """Per-token rewards of PPO: the sequence score on the last response token, minus
+    ``kl_coef`` x the per-token KL everywhere (the KL-in-reward penalty; none when ``kl``
+    is None).
+
+    scores: [batch]; mask: [batch, resp_len]; kl: [batch, resp_len] -> [batch, resp_len]
+    """
+    mask_f = mask.float()
+    lengths = mask_f.sum(dim=1).long()  # [batch]
+    rewards = torch.zeros_like(mask_f)
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    rewards[rows, lengths[rows] - 1] = scores.float()[rows]
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * kl.float() * mask_f
+    return rewards
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, mean: float, var: float,
+           eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) on the masked elements, 0 elsewhere, with the
+    statistics given (e.g. over every DP rank's tokens, reduced by the caller)."""
+    return (x - mean) * (var + eps) ** -0.5 * mask.to(x.dtype)

@@ -48,21 +48,63 @@ def _rng_sharded_object(load: bool = False):
         replica_id=ps.get_data_parallel_rank())
 
 
-def _state_dict(actor, common: dict, *, loading: bool, with_optimizer: bool, with_rng: bool) -> dict:
-    model_sd = actor.model.sharded_state_dict()
-    state = {"model": model_sd, "common": common}
-    if with_optimizer:
-        state["optimizer"] = actor.optimizer.sharded_state_dict(
-            model_sd, is_loading=loading, metadata=_OPTIM_METADATA)
-    if with_rng:
-        state["rng_state"] = _rng_sharded_object(load=loading)
+def _per_rank_object(state: object | None, load: bool = False):
+    """This rank's own state (e.g. the TransferDock cells it holds), one shard per rank."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    return ShardedObject("per_rank_state", None if load else state, (dist.get_world_size(),),
+                         (dist.get_rank(),), replica_id=0)
+
+
+def _prefixed(state: dict, prefix: str) -> dict:
+    """Prefix every sharded key once (objects shared between model and optimizer entries
+    included), so two roles' tensors never share a checkpoint key."""
+    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+    from megatron.core.dist_checkpointing.mapping import ShardedBase
+
+    done: set[int] = set()
+
+    def add(x):
+        if isinstance(x, ShardedBase) and id(x) not in done:
+            done.add(id(x))
+            x.key = prefix + x.key
+        return x
+
+    dict_list_map_inplace(add, state)
     return state
 
 
-def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, actor, *,
+def _state_dict(trainables: dict, common: dict, *, loading: bool, with_optimizer: bool,
+                with_rng: bool, per_rank: object | None = None) -> dict:
+    """The actor's model and optimizer under ``model``/``optimizer`` (the keys of a plain
+    model checkpoint, so conversion and other runs read it); other roles' (the critic's)
+    under ``<role>/...`` with their keys prefixed ``<role>.``."""
+    state = {"common": common}
+    for name, role in trainables.items():
+        model_sd = role.model.sharded_state_dict()
+        part = {"model": model_sd}
+        if with_optimizer:
+            part["optimizer"] = role.optimizer.sharded_state_dict(
+                model_sd, is_loading=loading, metadata=_OPTIM_METADATA)
+        if name == "actor":
+            state.update(part)
+        else:
+            state[name] = _prefixed(part, f"{name}.")
+    if with_rng:
+        state["rng_state"] = _rng_sharded_object(load=loading)
+    state["per_rank_state"] = _per_rank_object(per_rank, load=loading)
+    return state
+
+
+def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainables: dict, *,
                             common: dict, hf_files_from: str | os.PathLike | None,
-                            architecture: str) -> Path:
-    """Collectively save the actor's training state at ``iteration``; returns the folder."""
+                            architecture: str, per_rank: object = None) -> Path:
+    """Collectively save the training state at ``iteration``; returns the folder.
+
+    ``trainables``: ``{"actor": ..., "critic": ...}`` (`TrainableModel`s: model,
+    optimizer, LR schedule); ``common``: state identical on every rank;
+    ``per_rank``: this rank's own state (restored on the same rank).
+    """
     from megatron.core import dist_checkpointing
 
     save_dir = Path(save_dir)
@@ -78,11 +120,13 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, actor, 
             copy_metadata_files(hf_files_from, save_dir)
             write_meta(save_dir, architecture)
     _barrier()
-    common = dict(common, iteration=iteration, scheduler=actor.scheduler.state_dict())
+    common = dict(common, iteration=iteration,
+                  schedulers={name: t.scheduler.state_dict() for name, t in trainables.items()})
     ok = torch.zeros(1)
     try:
-        dist_checkpointing.save(_state_dict(actor, common, loading=False, with_optimizer=True,
-                                            with_rng=True), str(tmp))
+        dist_checkpointing.save(_state_dict(trainables, common, loading=False,
+                                            with_optimizer=True, with_rng=True,
+                                            per_rank=per_rank), str(tmp))
         ok.fill_(1)
     finally:
         # Every rank learns whether every rank wrote its shards before anything is renamed.
@@ -112,30 +156,39 @@ def has_training_checkpoint(load_dir: str | os.PathLike | None) -> bool:
     return tracker.is_file() and tracker.read_text().strip().isdigit()
 
 
-def load_trainer_checkpoint(load_dir: str | os.PathLike, actor, *, load_optimizer: bool = True,
-                            load_rng: bool = True) -> dict:
-    """Collectively restore a trainer checkpoint; returns its common state (iteration, data...)."""
+def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
+                            load_optimizer: bool = True, load_rng: bool = True
+                            ) -> tuple[dict, object | None]:
+    """Collectively restore a trainer checkpoint into ``trainables`` (the roles it saved);
+    returns its common state (iteration, data position...) and this rank's own state."""
     from megatron.core import dist_checkpointing
 
     path = checkpoint_path(load_dir, "latest")
     common = dist_checkpointing.load_common_state_dict(str(path))["common"]
+    saved_roles = set(common.get("schedulers", {"actor": None}))
+    missing = sorted(set(trainables) - saved_roles)
+    if missing:
+        raise CheckpointError(f"{path}: holds no state of {missing} (it saved {sorted(saved_roles)}); "
+                              "resume a run with the same roles, or start from a converted "
+                              "checkpoint")
     if load_optimizer:
-        # A fresh torch-Adam has no state (no 'step') to load into: create it; the
-        # values are overwritten by the load (megatron does the same for FSDP).
-        for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
-            opt._init_optimizer_states_with_dummy_values()
+        for role in trainables.values():
+            role.prepare_optimizer_for_load()
     with torch.no_grad():
         state = dist_checkpointing.load(
-            _state_dict(actor, {}, loading=True, with_optimizer=load_optimizer, with_rng=load_rng),
-            str(path))
-        actor.model.load_state_dict(state["model"], strict=True)
-        if load_optimizer:
-            actor.optimizer.load_state_dict(state["optimizer"])
-            actor.scheduler.load_state_dict(common["scheduler"])
+            _state_dict(trainables, {}, loading=True, with_optimizer=load_optimizer,
+                        with_rng=load_rng), str(path))
+        schedulers = common.get("schedulers") or {"actor": common.get("scheduler")}
+        for name, role in trainables.items():
+            part = state if name == "actor" else state[name]
+            role.model.load_state_dict(part["model"], strict=True)
+            if load_optimizer:
+                role.optimizer.load_state_dict(part["optimizer"])
+                role.scheduler.load_state_dict(schedulers[name])
     if load_rng:
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
         rng = state["rng_state"]
         torch.set_rng_state(rng["torch"])
         get_cuda_rng_tracker().set_states(rng["tracker"])
-    return common
+    return common, state["per_rank_state"]

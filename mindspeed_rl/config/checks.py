@@ -27,6 +27,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_model(config)
     _check_ranges(config)
     _check_algorithm(config)
+    _check_roles(config)
     _check_lengths(config)
 
 
@@ -135,8 +136,10 @@ def _check_algorithm(config: RLJobConfig) -> None:
     _require(sampling.temperature > 0 or n == 1, "generate_config.sampling_config.temperature",
              sampling.temperature, f"greedy sampling (0) makes all {n} responses of a prompt "
              "identical, so the group has no signal", "use a temperature > 0, e.g. 1.0")
-    _require(len(rl.verifier_function) > 0, "rl_config.verifier_function", rl.verifier_function,
-             "no reward would be computed", "name at least one verifier, e.g. [math_answer]")
+    _require(len(rl.verifier_function) > 0 or config.reward_config is not None,
+             "rl_config.verifier_function", rl.verifier_function,
+             "no reward would be computed (no verifier and no reward_config)",
+             "name at least one verifier, e.g. [math_answer], or add a reward model")
     _require(len(rl.verifier_weight) == len(rl.verifier_function), "rl_config.verifier_weight",
              rl.verifier_weight, f"has {len(rl.verifier_weight)} weights for "
              f"{len(rl.verifier_function)} verifier_function entries {list(rl.verifier_function)}",
@@ -146,6 +149,65 @@ def _check_algorithm(config: RLJobConfig) -> None:
              f"does not divide megatron_training.global_batch_size={gbs} (prompts per iteration "
              "must split into whole optimizer steps)",
              f"use a divisor of {gbs}, e.g. {_largest_divisor_at_most(gbs, mini)}")
+
+
+def _check_roles(config: RLJobConfig) -> None:
+    """The PPO critic and the reward model: present when needed, in the actor's layout."""
+    rl, actor, critic, reward = (config.rl_config, config.actor_config, config.critic_config,
+                                 config.reward_config)
+    if config.algorithm == "ppo":
+        _require(critic is not None, "critic_config", None,
+                 "pretrain_ppo.py needs a critic_config section (the value model)",
+                 "add 'critic_config:' with at least lr (e.g. lr: 5e-6); its weights default to "
+                 "the actor's model with a new value head")
+        train_iters = config.megatron_training.train_iters
+        _require(rl.critic_warmup < train_iters, "rl_config.critic_warmup", rl.critic_warmup,
+                 f"must be smaller than megatron_training.train_iters={train_iters}, or the "
+                 "actor never updates", f"use at most {train_iters - 1}")
+        _require(rl.critic_warmup >= 0, "rl_config.critic_warmup", rl.critic_warmup,
+                 "must not be negative", "use 0 (no warmup) or a positive number of iterations")
+        for key, value in (("rl_config.gamma", rl.gamma), ("rl_config.lam", rl.lam)):
+            _require(0 <= value <= 1, key, value, "must lie in [0, 1]", "use a value in [0, 1]")
+        _require(rl.cliprange_value > 0, "rl_config.cliprange_value", rl.cliprange_value,
+                 "must be greater than 0", "use e.g. 0.5")
+        _require(rl.kl_ctrl_type == "fixed" or rl.use_kl_in_reward, "rl_config.kl_ctrl_type",
+                 rl.kl_ctrl_type, "the adaptive KL controller scales the KL in the reward, but "
+                 "rl_config.use_kl_in_reward is false", "set use_kl_in_reward: true, or "
+                 "kl_ctrl_type: fixed")
+        _require(rl.kl_horizon > 0 and rl.kl_target > 0, "rl_config.kl_horizon", rl.kl_horizon,
+                 "kl_horizon and kl_target must be greater than 0", "use e.g. kl_horizon: 10000, "
+                 "kl_target: 6")
+    else:
+        _require(critic is None, "critic_config", "...", "pretrain_grpo.py trains no critic "
+                 "(GRPO's advantages come from the group)", "remove the section, or launch "
+                 "pretrain_ppo.py")
+        _require(not rl.use_kl_in_reward, "rl_config.use_kl_in_reward", True,
+                 "GRPO puts the KL into the loss (init_kl_coef)", "set use_kl_in_reward: false")
+    for name, section in (("critic_config", critic), ("reward_config", reward)):
+        if section is None:
+            continue
+        for size, actor_value in (("tensor_model_parallel_size",
+                                   actor.tensor_model_parallel_size),
+                                  ("pipeline_model_parallel_size",
+                                   actor.pipeline_model_parallel_size)):
+            value = getattr(section, size)
+            _require(value is None or value == actor_value, f"{name}.{size}", value,
+                     f"differs from actor_config.{size}={actor_value}: every role shares the "
+                     "actor's training layout on the same ranks (co-located SPMD)",
+                     f"set it to {actor_value} or leave it out")
+        _require(section.micro_batch_size > 0, f"{name}.micro_batch_size",
+                 section.micro_batch_size, "must be greater than 0", "use a positive value")
+    if critic is not None:
+        _require(critic.lr > 0, "critic_config.lr", critic.lr, "must be greater than 0",
+                 "use e.g. 5e-6")
+        _require(critic.min_lr <= critic.lr, "critic_config.min_lr", critic.min_lr,
+                 f"exceeds critic_config.lr={critic.lr}", "set min_lr <= lr")
+    _require(rl.critic_forward_micro_batch_size > 0, "rl_config.critic_forward_micro_batch_size",
+             rl.critic_forward_micro_batch_size, "must be greater than 0", "use a positive value")
+    if reward is not None:
+        _require(reward.weight != 0, "reward_config.weight", reward.weight,
+                 "a reward model with weight 0 only costs time", "give it a non-zero weight, or "
+                 "remove reward_config")
 
 
 def _check_lengths(config: RLJobConfig) -> None:

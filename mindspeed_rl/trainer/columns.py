@@ -1,0 +1,109 @@
+"""The sample-flow contract: every TransferDock column, who writes it and who reads it.
+
+One table, read by the trainer (a phase may only put the columns it produces and
+get the columns it consumes), by the contract check below, and by
+``benchmarks/bench_transfer_dock.py``, which replays exactly these columns. The
+row metadata a later partial rollout needs is already here: the rollout
+log-probs, the ``finish_reason``, the ``weight_version`` that generated each row
+and its ``group_id`` / ``sample_idx``.
+
+Shapes are per row: ``[P]`` prompt tokens, ``[R]`` response tokens, ``[]`` one value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+
+class ContractError(RuntimeError):
+    """A phase or an algorithm that breaks the column contract."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: torch.dtype
+    shape: str  # "[P]", "[R]" or "[]"
+    producers: tuple[str, ...]
+    consumers: tuple[str, ...]
+    doc: str
+
+    @property
+    def ndim(self) -> int:
+        return 0 if self.shape == "[]" else 1
+
+
+# finish_reason codes (vLLM's finish reasons; "partial" is reserved for rows whose
+# generation stopped at a token budget and continues in a later iteration).
+FINISH_REASONS = ("stop", "length", "abort", "partial")
+
+_FORWARDS = ("reward_model", "values", "old_log_p", "reference_model")
+COLUMNS: dict[str, Column] = {c.name: c for c in (
+    Column("prompt_ids", torch.int64, "[P]", ("rollout",),
+           _FORWARDS + ("critic_update", "update"), "prompt token ids"),
+    Column("response_ids", torch.int64, "[R]", ("rollout",),
+           ("reward", "adv", "gae") + _FORWARDS + ("critic_update", "update"),
+           "response token ids (the reward decodes them; adv/gae take their length)"),
+    Column("logprobs_rollout", torch.float32, "[R]", ("rollout",), ("update",),
+           "the rollout engine's log-prob of each sampled token (rollout-training mismatch)"),
+    Column("prompt_index", torch.int64, "[]", ("rollout",), ("reward",),
+           "the prompt's index in the training dataset (its gold answer for the verifiers)"),
+    Column("finish_reason", torch.int64, "[]", ("rollout",), ("reward",),
+           f"index into {FINISH_REASONS} (truncated responses are counted)"),
+    Column("weight_version", torch.int64, "[]", ("rollout",), ("update",),
+           "actor optimizer steps when the row was generated (on-policy check)"),
+    Column("group_id", torch.int64, "[]", ("rollout",), ("adv",),
+           "unique id of the prompt's group of n samples (grows across iterations)"),
+    Column("sample_idx", torch.int64, "[]", ("rollout",), ("adv",),
+           "which of the n samples of its group the row is"),
+    Column("rm_scores", torch.float32, "[]", ("reward_model",), ("reward",),
+           "the reward model's score of the whole response"),
+    Column("rewards", torch.float32, "[]", ("reward",), ("adv", "gae"),
+           "sequence reward: weighted verifiers (+ weighted reward-model score)"),
+    Column("values", torch.float32, "[R]", ("values",), ("gae", "critic_update"),
+           "the critic's value before each response token"),
+    Column("logprobs_old", torch.float32, "[R]", ("old_log_p",), ("gae", "update"),
+           "the actor's log-probs before this iteration's first optimizer step"),
+    Column("logprobs_ref", torch.float32, "[R]", ("reference_model",), ("gae", "update"),
+           "the reference model's log-probs (KL)"),
+    Column("advantages", torch.float32, "[R]", ("adv", "gae"), ("update",),
+           "per-token advantages"),
+    Column("returns", torch.float32, "[R]", ("gae",), ("critic_update",),
+           "the critic's regression targets (GAE returns)"),
+)}
+
+
+def check_contract(phases_per_algorithm: dict[str, Sequence[str]],
+                   columns: Iterable[Column] = COLUMNS.values()) -> None:
+    """Refuse a contract with a column nobody writes or reads, a phase name no algorithm
+    runs, or an algorithm in which a phase reads a column only a later phase writes."""
+    columns = list(columns)
+    known = {p for phases in phases_per_algorithm.values() for p in phases}
+    for col in columns:
+        if not col.producers:
+            raise ContractError(f"column {col.name!r} has no producer phase")
+        if not col.consumers:
+            raise ContractError(f"column {col.name!r} has no consumer phase: nothing reads it")
+        unknown = sorted(set(col.producers + col.consumers) - known)
+        if unknown:
+            raise ContractError(f"column {col.name!r} names phases {unknown} that no algorithm "
+                                "runs")
+    for algorithm, phases in phases_per_algorithm.items():
+        order = {p: i for i, p in enumerate(phases)}
+        for col in columns:
+            written = [order[p] for p in col.producers if p in order]
+            read = [p for p in col.consumers if p in order]
+            if written and read and min(order[p] for p in read) <= min(written):
+                first = min(read, key=order.get)
+                raise ContractError(f"{algorithm}: phase {first!r} reads column {col.name!r} "
+                                    "before any phase writes it")
+
+
+def active_columns(phases: Sequence[str], columns: dict[str, Column] = COLUMNS) -> set[str]:
+    """The columns an algorithm stores: written by one of its phases and read by another."""
+    running = set(phases)
+    return {name for name, col in columns.items()
+            if running & set(col.producers) and running & set(col.consumers)}

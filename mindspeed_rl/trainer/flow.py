@@ -1,0 +1,89 @@
+"""The TransferDock seen through the column contract, for one algorithm.
+
+Phases never call the dock directly: ``SampleFlow`` checks that a phase puts
+only the columns the contract says it produces (with the declared dtype and
+shape) and gets only the columns it consumes, keeps only the columns some phase
+of the running algorithm reads, and hides the SPMD protocol (a rank that
+received no rows still takes part in a put of results).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from mindspeed_rl.trainer.columns import COLUMNS, Column, ContractError, active_columns
+from mindspeed_rl.transfer_dock import ConsumerLayout, DockBatch, TransferDock
+
+
+class SampleFlow:
+    """Puts and gets of the phases of one algorithm, checked against the contract.
+
+    Args:
+        dock: the TransferDock of the run.
+        phases: the algorithm's phase names, in order.
+        layouts: named consumer layouts (e.g. ``train``: the megatron DP ranks with
+            their TP/PP peers; ``gen_writers``: one rank per generation-DP rank).
+    """
+
+    def __init__(self, dock: TransferDock, phases: Sequence[str],
+                 layouts: Mapping[str, ConsumerLayout],
+                 columns: Mapping[str, Column] = COLUMNS) -> None:
+        self.dock = dock
+        self.phases = tuple(phases)
+        self.layouts = dict(layouts)
+        self.columns = dict(columns)
+        self.active = active_columns(self.phases, self.columns)
+
+    def _column(self, phase: str, name: str, role: str) -> Column:
+        col = self.columns.get(name)
+        if col is None:
+            raise ContractError(f"phase {phase!r} {role}s column {name!r}, which the column "
+                                "contract (mindspeed_rl/trainer/columns.py) does not declare")
+        allowed = col.producers if role == "put" else col.consumers
+        if phase not in allowed:
+            raise ContractError(f"phase {phase!r} {role}s column {name!r}, but the contract "
+                                f"lets only {list(allowed)} {role} it")
+        return col
+
+    def _checked(self, phase: str, columns: Mapping[str, Sequence[torch.Tensor]]
+                 ) -> dict[str, list[torch.Tensor]]:
+        kept = {}
+        for name, cells in columns.items():
+            col = self._column(phase, name, "put")
+            for cell in cells:
+                if cell.dtype != col.dtype or cell.dim() != col.ndim:
+                    raise ContractError(
+                        f"phase {phase!r} put column {name!r} as {cell.dtype} {cell.dim()}-D, "
+                        f"but the contract declares {col.dtype} {col.shape}")
+                break
+            if name in self.active:  # a column no phase of this algorithm reads is not kept
+                kept[name] = list(cells)
+        return kept
+
+    def put_rows(self, phase: str, columns: Mapping[str, Sequence[torch.Tensor]], *,
+                 group_size: int) -> list[int]:
+        """New rows (every rank calls it; a rank with nothing to add passes ``{}``)."""
+        return self.dock.put(self._checked(phase, columns), num_rows_per_group=group_size)
+
+    def get(self, phase: str, columns: Sequence[str], rows_per_dp_rank: int, layout: str, *,
+            consumer: str | None = None, whole_groups: bool = False) -> DockBatch | None:
+        """``rows_per_dp_rank`` rows to each DP rank of ``layout`` (None where it takes no
+        part). ``consumer`` defaults to the phase (a phase that reads the rows several
+        times, e.g. one update per epoch, names each pass)."""
+        for name in columns:
+            self._column(phase, name, "get")
+        return self.dock.get(consumer or phase, list(columns), rows_per_dp_rank,
+                             self.layouts[layout], whole_groups=whole_groups)
+
+    def put(self, phase: str, batch: DockBatch | None,
+            columns: Mapping[str, Sequence[torch.Tensor]]) -> None:
+        """Results for the rows of ``batch`` (``None``: this rank received none and takes
+        part with an empty put)."""
+        kept = self._checked(phase, columns) if batch is not None else {}
+        self.dock.put(kept, rows=batch.rows if kept else [])
+
+    def retire_all(self) -> None:
+        """Every row has reached all its consumers: drop them (ids keep growing)."""
+        self.dock.retire(None)

@@ -1,0 +1,102 @@
+"""A megatron model that trains: DDP, the megatron optimizer and its LR schedule.
+
+The actor and the PPO critic are both a :class:`TrainableModel`; what differs is
+their loss (``actor.py``, ``critic.py``). The optimizer keys are read straight
+from the role's config section (``actor_config`` / ``critic_config``, both
+``OptimizerKeys``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from mindspeed_rl.config.schema import OptimizerKeys
+
+
+class TrainableModel:
+    """``model`` (this rank's GPTModel shard) wrapped in DDP with Adam and an LR schedule.
+
+    Args:
+        section: the role's config section (learning rate, decay, warmup, clipping, Adam).
+        total_steps: optimizer steps of the whole run (the LR schedule's length).
+        use_distributed_optimizer / bf16: ``megatron_training`` keys of the run.
+    """
+
+    def __init__(self, model, section: OptimizerKeys, *, total_steps: int,
+                 use_distributed_optimizer: bool, bf16: bool) -> None:
+        from megatron.core.distributed import (DistributedDataParallel,
+                                               DistributedDataParallelConfig, finalize_model_grads)
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        self.model = model
+        config = model.config
+        self.ddp = DistributedDataParallel(
+            config=config, module=model,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                use_distributed_optimizer=use_distributed_optimizer))
+        # Without these two hooks DP and sequence-parallel grads are silently not reduced.
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = self.ddp.no_sync
+        s = section
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=s.lr, min_lr=s.min_lr,
+                            weight_decay=s.weight_decay, adam_beta1=s.adam_beta1,
+                            adam_beta2=s.adam_beta2, clip_grad=s.clip_grad, bf16=bf16,
+                            params_dtype=config.params_dtype,
+                            use_distributed_optimizer=use_distributed_optimizer),
+            [self.ddp])
+        warmup = int(s.lr_warmup_fraction * total_steps)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if warmup else s.lr, max_lr=s.lr, min_lr=s.min_lr,
+            lr_warmup_steps=warmup, lr_decay_steps=max(total_steps, 1),
+            lr_decay_style=s.lr_decay_style, start_wd=s.weight_decay, end_wd=s.weight_decay,
+            wd_incr_steps=max(total_steps, 1), wd_incr_style="constant")
+
+    @property
+    def chunks(self) -> list:
+        return [self.ddp]
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def step(self, run_micro_batches: Callable[[], None]) -> dict[str, float]:
+        """One optimizer step: zero the grads, ``run_micro_batches()`` (forward and
+        backward through megatron's schedule), clip, step, advance the LR schedule."""
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self.model.train()
+        run_micro_batches()
+        ok, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "update_ok": float(bool(ok))}
+
+    # ---- checkpoints -----------------------------------------------------------------
+    def sharded_state_dict(self, *, loading: bool, with_optimizer: bool,
+                           metadata: dict | None = None) -> dict:
+        """Model (and optimizer) state for megatron's dist_checkpointing."""
+        model_sd = self.model.sharded_state_dict()
+        state = {"model": model_sd}
+        if with_optimizer:
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                model_sd, is_loading=loading, metadata=metadata)
+        return state
+
+    @torch.no_grad()
+    def load_sharded(self, state: dict, scheduler_state: dict | None) -> None:
+        self.model.load_state_dict(state["model"], strict=True)
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if scheduler_state is not None:
+                self.scheduler.load_state_dict(scheduler_state)
+
+    def prepare_optimizer_for_load(self) -> None:
+        """A fresh torch Adam has no state (no 'step') to load into: create it; the
+        values are overwritten by the load (megatron does the same for FSDP)."""
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            opt._init_optimizer_states_with_dummy_values()

@@ -1,0 +1,329 @@
+"""The phases of an RL iteration: each reads columns from the sample flow, computes, and
+writes columns back (``mindspeed_rl/trainer/columns.py`` declares them).
+
+A phase is a function of the trainer that returns its metrics, already reduced
+over the ranks. Algorithms (``recipes.py``) are ordered lists of these phases;
+the objective of each one is visible here, the tensor math is in
+``mindspeed_rl.algorithms``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages, kl_penalty,
+                                     token_level_rewards, whiten)
+from mindspeed_rl.data import slice_per_dp_rank
+from mindspeed_rl.rewards import compute_rewards
+from mindspeed_rl.trainer.actor import forward_logprobs
+from mindspeed_rl.trainer.columns import FINISH_REASONS
+from mindspeed_rl.trainer.critic import forward_scores, forward_values
+from mindspeed_rl.trainer.micro_batches import RowBatch
+from mindspeed_rl.transfer_dock import DockBatch
+
+# ---------------------------------------------------------------------------------------
+# reductions for metrics
+# ---------------------------------------------------------------------------------------
+
+
+def global_stats(name: str, values: list[float], counted: bool) -> dict[str, float]:
+    """``{name/mean, name/min, name/max}`` over every rank's ``values`` (a rank whose
+    values duplicate a peer's passes ``counted=False``)."""
+    own = values if counted else []
+    t = torch.tensor([sum(own), len(own), -min(own, default=math.inf),
+                      max(own, default=-math.inf)], dtype=torch.float64)
+    sums, extremes = t[:2].clone(), t[2:].clone()
+    dist.all_reduce(sums)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    return {f"{name}/mean": sums[0].item() / max(sums[1].item(), 1),
+            f"{name}/min": -extremes[0].item(), f"{name}/max": extremes[1].item()}
+
+
+def global_sums(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def counts_in_train_layout() -> bool:
+    """Whether this rank speaks for its training DP rank (TP/PP peers hold copies)."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
+
+
+def _mean_of_steps(steps: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    return {f"{prefix}/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]} if steps else {}
+
+
+def _rows(batch: DockBatch | None, extras: tuple[str, ...] = ()) -> RowBatch:
+    if batch is None:
+        return RowBatch([], [], {})
+    return RowBatch(batch["prompt_ids"], batch["response_ids"], {k: batch[k] for k in extras})
+
+
+# ---------------------------------------------------------------------------------------
+# generation
+# ---------------------------------------------------------------------------------------
+def resharding_to_infer(t) -> dict[str, float]:
+    """The actor's weights from the training sharding into vLLM (allgather-swap)."""
+    report = t.roles.resharder.to_infer()
+    return {"resharding/peak_transition_bytes": report.peak_bytes,
+            "resharding/bytes_moved": report.bytes_moved}
+
+
+def resharding_to_train(t) -> dict[str, float]:
+    t.roles.resharder.to_train()
+    return {}
+
+
+def rollout(t) -> dict[str, float]:
+    """Sample n responses per prompt of this generation-DP rank's share of the batch; the
+    first rank of each vLLM instance puts the rows (all samples of a prompt together)."""
+    b, n, mt = t.plan.batch, t.config.rl_config.n_samples_per_prompt, t.config.megatron_training
+    indices = t.train_data.next_indices(b.prompts_per_iteration)
+    dp_g = t.plan.layout.infer_data_parallel_size
+    mine = slice_per_dp_rank(indices, t.gen_dp_rank, dp_g)
+    first = t.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
+    first_group = t.state.groups_generated + first
+    t.state.groups_generated += len(indices)
+    # One seed per (iteration, prompt of the batch): a resumed run samples what the
+    # uninterrupted run sampled.
+    seeds = [(mt.seed * 1_000_003 + t.iteration * 10_007 + first + i) % 2**31
+             for i in range(len(mine))]
+    prompts = [t.train_data[i].prompt_ids for i in mine]
+    result = t.roles.rollout.generate(prompts, n, t.config.sampling_config, seeds=seeds,
+                                      use_tqdm=t.rank == 0)
+    completions = [c for group in result.completions for c in group]
+    columns = {}
+    if t.is_gen_writer:
+        scalar = lambda values: [torch.tensor(v, dtype=torch.int64) for v in values]  # noqa: E731
+        columns = {
+            "prompt_ids": [torch.tensor(p) for p in prompts for _ in range(n)],
+            "response_ids": [torch.tensor(c.token_ids, dtype=torch.long) for c in completions],
+            "logprobs_rollout": [torch.tensor(c.logprobs, dtype=torch.float32)
+                                 for c in completions],
+            "prompt_index": scalar(i for i in mine for _ in range(n)),
+            "finish_reason": scalar(FINISH_REASONS.index(c.finish_reason or "stop")
+                                    for c in completions),
+            "weight_version": scalar(t.roles.actor.weight_version for _ in completions),
+            "group_id": scalar(first_group + g for g in range(len(mine)) for _ in range(n)),
+            "sample_idx": scalar(j for _ in mine for j in range(n)),
+        }
+    t.flow.put_rows("rollout", columns, group_size=n)
+    lengths = [float(len(c.token_ids)) for c in completions]
+    prompt_tokens = sum(len(p) for p in prompts) * n if t.is_gen_writer else 0
+    response_tokens, prompt_tokens = global_sums([sum(lengths) if t.is_gen_writer else 0.0,
+                                                  float(prompt_tokens)])
+    return {**global_stats("response_length", lengths, t.is_gen_writer),
+            "prompt_length/mean": prompt_tokens / b.responses_per_iteration,
+            "tokens/response": response_tokens, "tokens/prompt": prompt_tokens}
+
+
+# ---------------------------------------------------------------------------------------
+# rewards and advantages
+# ---------------------------------------------------------------------------------------
+def reward_model(t) -> dict[str, float]:
+    """The reward model's score of every response, in the training layout."""
+    batch = t.flow.get("reward_model", ["prompt_ids", "response_ids"],
+                       t.plan.batch.responses_per_training_dp_rank, "train")
+    with t.roles.reward_model_swap.resident():
+        scores = forward_scores(t.roles.reward_model, _rows(batch),
+                                t.config.reward_config.micro_batch_size)
+    t.flow.put("reward_model", batch, {"rm_scores": scores})
+    return global_stats("reward_model/score", [float(s) for s in scores],
+                        counts_in_train_layout())
+
+
+def reward(t) -> dict[str, float]:
+    """Rule verifiers on the decoded responses (+ the weighted reward-model score)."""
+    rl = t.config.rl_config
+    columns = ["response_ids", "prompt_index", "finish_reason"]
+    if t.roles.reward_model is not None:
+        columns.append("rm_scores")
+    batch = t.flow.get("reward", columns, t.plan.batch.responses_per_generation_dp_rank,
+                       "gen_writers")
+    totals, per_verifier, truncated = [], {}, []
+    if batch is not None:
+        texts = [t.tokenizer.decode(r, skip_special_tokens=True) for r in batch["response_ids"]]
+        answers = [t.train_data[int(i)].answer for i in batch["prompt_index"]]
+        total, per_verifier = compute_rewards(texts, answers, rl.verifier_function,
+                                              rl.verifier_weight)
+        if "rm_scores" in columns:
+            total = total + t.config.reward_config.weight * torch.stack(batch["rm_scores"])
+        totals = total.tolist()
+        truncated = [float(int(f) == FINISH_REASONS.index("length"))
+                     for f in batch["finish_reason"]]
+        t.flow.put("reward", batch, {"rewards": list(total.float().unbind())})
+    else:
+        t.flow.put("reward", None, {})
+    writer = batch is not None
+    metrics = global_stats("reward", totals, writer)
+    for name in rl.verifier_function:
+        scores = per_verifier[name].tolist() if writer else []
+        metrics[f"reward/{name}"] = global_stats("v", scores, writer)["v/mean"]
+    metrics["response/truncated_fraction"] = global_stats("f", truncated, writer)["f/mean"]
+    return metrics
+
+
+def group_advantages(t) -> dict[str, float]:
+    """GRPO: each response's reward against its group's (the n samples of its prompt)."""
+    n = t.config.rl_config.n_samples_per_prompt
+    batch = t.flow.get("adv", ["rewards", "group_id", "sample_idx", "response_ids"],
+                       t.plan.batch.responses_per_generation_dp_rank, "gen_writers",
+                       whole_groups=True)
+    advantages = []
+    if batch is not None:
+        # [groups, n] by (group_id, sample_idx): the math never relies on row order.
+        group, sample = torch.stack(batch["group_id"]), torch.stack(batch["sample_idx"])
+        order = torch.argsort(group * n + sample)
+        group, sample = group[order].view(-1, n), sample[order].view(-1, n)
+        if not ((group == group[:, :1]).all() and (sample == torch.arange(n)).all()):
+            raise RuntimeError("adv: the rows delivered do not form whole groups of "
+                               f"n_samples_per_prompt={n} samples")
+        grouped = torch.stack(batch["rewards"])[order].view(-1, n)
+        adv = torch.empty(len(order))
+        adv[order] = group_normalized_advantages(grouped, n).reshape(-1)
+        advantages = [a.expand(len(r)).clone() for a, r in zip(adv, batch["response_ids"])]
+    t.flow.put("adv", batch, {"advantages": advantages})
+    return {}
+
+
+def gae(t) -> dict[str, float]:
+    """PPO: token-level GAE on the critic's values; the KL to the reference inside the
+    reward when ``use_kl_in_reward`` (its coefficient from the KL controller); advantages
+    whitened over the whole batch."""
+    rl = t.config.rl_config
+    kl_in_reward = rl.use_kl_in_reward and t.roles.reference is not None
+    columns = ["response_ids", "rewards", "values"] + (
+        ["logprobs_old", "logprobs_ref"] if kl_in_reward else [])
+    batch = t.flow.get("gae", columns, t.plan.batch.responses_per_training_dp_rank, "train")
+    counted = counts_in_train_layout()
+    mask, values = _padded(batch["values"])
+    scores = torch.stack(batch["rewards"])
+    kl = None
+    if kl_in_reward:
+        logp_old, _ = _padded(batch["logprobs_old"])
+        logp_ref, _ = _padded(batch["logprobs_ref"])
+        kl = kl_penalty(logp_old, logp_ref, rl.kl_penalty) * mask
+    beta = t.state.kl_ctrl.value
+    rewards = token_level_rewards(scores, mask, kl, beta)
+    adv, returns = gae_advantages(rewards, values, mask, rl.gamma, rl.lam)
+    sums = [float((adv * mask).sum()), float((adv.square() * mask).sum()), float(mask.sum()),
+            float(kl.sum()) if kl is not None else 0.0, float(len(scores)),
+            float((returns * mask).sum())]
+    s_adv, s_adv2, tokens, s_kl, rows, s_ret = global_sums([v if counted else 0.0 for v in sums])
+    if rl.advantage_whiten:
+        mean = s_adv / max(tokens, 1.0)
+        var = s_adv2 / max(tokens, 1.0) - mean ** 2
+        adv = whiten(adv, mask, mean, var * tokens / max(tokens - 1.0, 1.0))
+    lengths = [int(m.sum()) for m in mask]
+    t.flow.put("gae", batch, {"advantages": [a[:k].clone() for a, k in zip(adv, lengths)],
+                              "returns": [r[:k].clone() for r, k in zip(returns, lengths)]})
+    metrics = {"critic/returns_mean": s_ret / max(tokens, 1.0), "actor/kl_coef": beta}
+    if kl_in_reward:
+        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per sequence
+        t.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
+    return metrics
+
+
+def _padded(cells: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([rows, R] mask, [rows, R] values) of variable-length per-token cells."""
+    padded = torch.nn.utils.rnn.pad_sequence(cells, batch_first=True) if cells else \
+        torch.zeros(0, 0)
+    mask = torch.zeros_like(padded)
+    for i, c in enumerate(cells):
+        mask[i, :len(c)] = 1.0
+    return mask, padded.float()
+
+
+# ---------------------------------------------------------------------------------------
+# forward passes of the other roles
+# ---------------------------------------------------------------------------------------
+def old_logprobs(t) -> dict[str, float]:
+    """The actor's log-probs before this iteration's first optimizer step."""
+    batch = t.flow.get("old_log_p", ["prompt_ids", "response_ids"],
+                       t.plan.batch.responses_per_training_dp_rank, "train")
+    logp, _ = forward_logprobs(t.roles.actor.model, _rows(batch),
+                               t.config.rl_config.actor_forward_micro_batch_size,
+                               t.arch.vocab_size)
+    t.flow.put("old_log_p", batch, {"logprobs_old": logp})
+    return {}
+
+
+def reference_logprobs(t) -> dict[str, float]:
+    """The frozen reference's log-probs (the KL anchor), onloaded for this phase only."""
+    batch = t.flow.get("reference_model", ["prompt_ids", "response_ids"],
+                       t.plan.batch.responses_per_training_dp_rank, "train")
+    with t.roles.reference_swap.resident():
+        logp, _ = forward_logprobs(t.roles.reference, _rows(batch),
+                                   t.config.rl_config.ref_forward_micro_batch_size,
+                                   t.arch.vocab_size)
+    t.flow.put("reference_model", batch, {"logprobs_ref": logp})
+    return {}
+
+
+def values(t) -> dict[str, float]:
+    """The critic's values of the rollout (the baseline GAE and the value clip use)."""
+    batch = t.flow.get("values", ["prompt_ids", "response_ids"],
+                       t.plan.batch.responses_per_training_dp_rank, "train")
+    with t.roles.critic_swap.resident():
+        vals = forward_values(t.roles.critic.model, _rows(batch),
+                              t.config.rl_config.critic_forward_micro_batch_size)
+    t.flow.put("values", batch, {"values": vals})
+    return {}
+
+
+# ---------------------------------------------------------------------------------------
+# updates
+# ---------------------------------------------------------------------------------------
+def critic_update(t) -> dict[str, float]:
+    """``epochs`` passes of mini-batches of the clipped value loss on the GAE returns."""
+    rl, b = t.config.rl_config, t.plan.batch
+    steps = []
+    with t.roles.critic_swap.resident():
+        for epoch in range(rl.epochs):
+            for _ in range(b.mini_batches_per_epoch):
+                batch = t.flow.get("critic_update", ["prompt_ids", "response_ids", "values",
+                                                     "returns"],
+                                   b.responses_per_mini_batch_per_training_dp_rank, "train",
+                                   consumer=f"critic_update_{epoch}")
+                steps.append(t.roles.critic.update(
+                    _rows(batch, ("values", "returns")), t.config.critic_config.micro_batch_size,
+                    cliprange_value=rl.cliprange_value))
+    metrics = _mean_of_steps(steps, "critic")
+    metrics["critic/lr"] = t.roles.critic.lr
+    return metrics
+
+
+def actor_update(t) -> dict[str, float]:
+    """``epochs`` passes of mini-batches of the clipped policy loss (+ KL, entropy); one
+    optimizer step per mini-batch. PPO's actor waits ``critic_warmup`` iterations."""
+    rl, b = t.config.rl_config, t.plan.batch
+    if t.iteration <= rl.critic_warmup:
+        return {}
+    extras = ["advantages", "logprobs_rollout", "weight_version"]
+    if t.computes_old_logprobs:
+        extras.append("logprobs_old")
+    kl_coef = 0.0 if rl.use_kl_in_reward or t.roles.reference is None else rl.init_kl_coef
+    if kl_coef:
+        extras.append("logprobs_ref")
+    steps = []
+    for epoch in range(rl.epochs):
+        for _ in range(b.mini_batches_per_epoch):
+            batch = t.flow.get("update", ["prompt_ids", "response_ids", *extras],
+                               b.responses_per_mini_batch_per_training_dp_rank, "train",
+                               consumer=f"update_{epoch}")
+            steps.append(t.roles.actor.update(
+                _rows(batch, tuple(extras)), t.config.actor_config.micro_batch_size, rl,
+                kl_coef=kl_coef, vocab_size=t.arch.vocab_size))
+    metrics = _mean_of_steps(steps, "actor")
+    metrics["rollout/logprob_abs_diff_mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
+    metrics["rollout/logprob_abs_diff_max"] = max(s["rollout_logprob_abs_diff_max"]
+                                                  for s in steps)
+    metrics.pop("actor/rollout_logprob_abs_diff_max")
+    metrics["actor/lr"] = t.roles.actor.lr
+    return metrics

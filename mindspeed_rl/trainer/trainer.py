@@ -1,0 +1,250 @@
+"""The RL trainer: every role co-located on every rank, one iteration a list of phases.
+
+    for phase in phases_of(config):       # recipes.py: GRPO, PPO
+        with timer(phase.name):
+            metrics |= phase.run(trainer)  # phases.py: get columns, compute, put columns
+    flow.retire_all(); checkpoint; log
+
+Samples move only through the TransferDock (checked against the column
+contract), weights only through the resharder. The trainer's state — models,
+optimizers, data position, row counters, KL coefficient, the dock — is what a
+checkpoint saves (:meth:`state_dict` / :meth:`load_state_dict` for the
+replicated part).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from mindspeed_rl.algorithms import KLController
+from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
+from mindspeed_rl.rewards import compute_rewards
+from mindspeed_rl.trainer.flow import SampleFlow
+from mindspeed_rl.trainer.phases import global_sums
+from mindspeed_rl.trainer.recipes import phases_of
+
+
+@dataclass
+class TrainerState:
+    """What the trainer itself counts (models and data keep their own state)."""
+
+    iteration: int = 0  # iterations completed
+    groups_generated: int = 0  # prompts rolled out so far: the next group_id
+    kl_ctrl: KLController = dataclasses.field(default_factory=lambda: KLController(0.0))
+
+
+class RLTrainer:
+    """Builds this rank's roles for ``config`` (its ``algorithm``) and runs iterations."""
+
+    def __init__(self, config, plan, platform) -> None:
+        from mindspeed_rl.checkpoint.trainer_state import has_training_checkpoint
+        from mindspeed_rl.parallel.groups import initialize_megatron_parallel
+        from mindspeed_rl.trainer.roles import build_roles
+        from mindspeed_rl.transfer_dock import build_transfer_dock
+
+        self.config, self.plan, self.platform = config, plan, platform
+        mt, rl, ac = config.megatron_training, config.rl_config, config.actor_config
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.model_dir, self.tokenizer, self.arch = _model(config)
+        self.train_data, self.test_data = _datasets(config, self.tokenizer)
+        initialize_megatron_parallel(plan.layout, seed=mt.seed)
+        resume = has_training_checkpoint(ac.load)
+        self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, resume=resume)
+        self.phases = phases_of(config, plan)
+        self.flow = SampleFlow(
+            build_transfer_dock(rl.transfer_dock_mode, timeout_s=rl.transfer_dock_timeout_s),
+            [p.name for p in self.phases], _layouts(plan.layout))
+        self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
+                                                       rl.kl_target, rl.kl_horizon))
+        self.iteration = 0  # the iteration being run
+        if resume:
+            self.load_checkpoint(ac.load)
+        self.timers = Timers(synchronize=platform.synchronize)
+        self.logger = MetricsLogger(
+            mt.log_dir, rank=self.rank, total_iterations=mt.train_iters,
+            use_tensorboard=rl.use_tensorboard, use_wandb=rl.use_wandb,
+            wandb_project=rl.wandb_project, run_config=config.to_dict(), resume=resume)
+        if resume:
+            self.logger.truncate_after(self.state.iteration)
+
+    # ---- layout helpers ----------------------------------------------------------------
+    @property
+    def gen_dp_rank(self) -> int:
+        return self.rank // self.plan.layout.infer_tensor_parallel_size
+
+    @property
+    def is_gen_writer(self) -> bool:
+        """The first rank of its vLLM instance: it puts the rollout's rows."""
+        return self.rank % self.plan.layout.infer_tensor_parallel_size == 0
+
+    @property
+    def computes_old_logprobs(self) -> bool:
+        return any(p.name == "old_log_p" for p in self.phases)
+
+    # ---- the loop ----------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        """Run until ``train_iters``; evaluate before, every ``test_interval`` and at the end."""
+        mt = self.config.megatron_training
+        last: dict[str, float] = {}
+        if self.test_data is not None and self.state.iteration == 0:
+            self.logger.log(0, self.evaluate())
+        start = self.state.iteration
+        for it in rank0_progress(range(start, mt.train_iters), total=mt.train_iters - start,
+                                 desc=self.config.algorithm.upper(), rank=self.rank):
+            last = self.run_iteration(it + 1)
+            if self.test_data is not None and (
+                    (mt.test_interval and (it + 1) % mt.test_interval == 0)
+                    or it + 1 == mt.train_iters):
+                evaluation = self.evaluate()
+                self.logger.log(it + 1, evaluation)
+                last.update(evaluation)
+        return last
+
+    def run_iteration(self, iteration: int) -> dict[str, float]:
+        """One iteration: the algorithm's phases in order; returns and logs its metrics."""
+        self.iteration = iteration
+        metrics: dict[str, float] = {}
+        with self.timers.phase("all"):
+            for phase in self.phases:
+                with self.timers.phase(phase.name):
+                    metrics.update(phase.run(self))
+            self.flow.retire_all()
+            self.state.iteration = iteration
+            mt = self.config.megatron_training
+            if mt.save_interval and iteration % mt.save_interval == 0 \
+                    or iteration == mt.train_iters:
+                with self.timers.phase("checkpoint"):
+                    self.save_checkpoint()
+        metrics.update(self.timers.pop())
+        metrics.update(self._throughput(metrics))
+        self.logger.log(iteration, metrics)
+        return metrics
+
+    def _throughput(self, m: dict[str, float]) -> dict[str, float]:
+        dock = self.flow.dock.metrics
+        out = {
+            "throughput/e2e_tokens_per_s_per_device":
+                (m.pop("tokens/prompt") + m["tokens/response"]) / m["timing/all"] / self.world,
+            "throughput/rollout_tokens_per_s_per_device":
+                m.pop("tokens/response") / m["timing/rollout"] / self.world,
+            "transfer_dock/row_bytes_received": float(dock.row_bytes_received),
+            "transfer_dock/seconds": dock.seconds_put + dock.seconds_get,
+            "transfer_dock/collectives": float(dock.num_collectives),
+        }
+        self.flow.dock.reset_metrics()
+        return out
+
+    # ---- evaluation --------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy on the test prompts (the first verifier's score)."""
+        mt, rl = self.config.megatron_training, self.config.rl_config
+        items = list(self.test_data)[: mt.num_test_prompts or len(self.test_data)]
+        mine = items[self.gen_dp_rank::self.plan.layout.infer_data_parallel_size]
+        self.roles.resharder.to_infer()
+        greedy = dataclasses.replace(self.config.sampling_config, temperature=0.0, top_p=1.0,
+                                     top_k=-1, min_p=0.0)
+        texts = []
+        if mine:
+            result = self.roles.rollout.generate([p.prompt_ids for p in mine], 1, greedy)
+            texts = [self.tokenizer.decode(g[0].token_ids, skip_special_tokens=True)
+                     for g in result.completions]
+        self.roles.resharder.to_train()
+        scores = []
+        if mine and rl.verifier_function:
+            _, per = compute_rewards(texts, [p.answer for p in mine], rl.verifier_function[:1],
+                                     [1.0])
+            scores = per[rl.verifier_function[0]].tolist()
+        own = self.is_gen_writer  # TP_g peers generated the same texts
+        total, count = global_sums([sum(scores) if own else 0.0, len(scores) if own else 0.0])
+        self.last_eval_samples = list(zip([p.prompt_text for p in mine], texts))[:3]
+        return {"eval/accuracy": total / max(count, 1.0), "eval/num_prompts": count}
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The replicated state: counters, KL coefficient, data position, the dock's metadata."""
+        return {"iteration": self.state.iteration,
+                "groups_generated": self.state.groups_generated,
+                "kl_ctrl": self.state.kl_ctrl.state_dict(),
+                "weight_version": self.roles.actor.weight_version,
+                "data": self.train_data.state_dict(),
+                "dock": self.flow.dock.controller.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.iteration = int(state["iteration"])
+        self.state.groups_generated = int(state["groups_generated"])
+        self.state.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.roles.actor.weight_version = int(state["weight_version"])
+        self.train_data.load_state_dict(state["data"])
+        self.flow.dock.controller.load_state_dict(state["dock"])
+
+    def save_checkpoint(self) -> None:
+        from mindspeed_rl.checkpoint.trainer_state import save_trainer_checkpoint
+
+        save = self.config.actor_config.save
+        if save:
+            save_trainer_checkpoint(save, self.state.iteration, self.roles.trainables,
+                                    common={"trainer": self.state_dict()},
+                                    per_rank=self.flow.dock.warehouse.state_dict(),
+                                    hf_files_from=self.model_dir, architecture=self.arch.name)
+
+    def load_checkpoint(self, load_dir: str) -> None:
+        from mindspeed_rl.checkpoint.trainer_state import load_trainer_checkpoint
+
+        ac = self.config.actor_config
+        common, cells = load_trainer_checkpoint(load_dir, self.roles.trainables,
+                                                load_optimizer=not ac.no_load_optim,
+                                                load_rng=not ac.no_load_rng)
+        self.load_state_dict(common["trainer"])
+        self.flow.dock.warehouse.load_state_dict(cells or {})
+
+    def close(self) -> None:
+        self.roles.shutdown()
+        self.logger.close()
+
+
+# ---- building blocks ---------------------------------------------------------------------
+def _model(config):
+    """(HF-style model directory vLLM reads, tokenizer, architecture)."""
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.models.builder import describe_hf_dir
+
+    model_dir = config.model.hf_dir or config.actor_config.load
+    if not model_dir or not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError("megatron_training.model must be an HF directory, or actor_config.load "
+                         "a checkpoint made by tools/convert_ckpt.py (it holds config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.megatron_training.tokenizer_name_or_path or model_dir)
+    return model_dir, tokenizer, describe_hf_dir(model_dir)
+
+
+def _datasets(config, tokenizer):
+    from mindspeed_rl.data import load_prompt_dataset
+
+    mt, rl = config.megatron_training, config.rl_config
+    train = load_prompt_dataset(mt.data_path, tokenizer, rl.max_prompt_length,
+                                prompt_key=mt.prompt_key, answer_key=mt.answer_key, seed=mt.seed)
+    test = None
+    if mt.test_data_path:
+        test = load_prompt_dataset(mt.test_data_path, tokenizer, rl.max_prompt_length,
+                                   prompt_key=mt.prompt_key, answer_key=mt.answer_key,
+                                   seed=mt.seed, shuffle=False,
+                                   data_path_key="megatron_training.test_data_path")
+    return train, test
+
+
+def _layouts(layout) -> dict:
+    """The consumer layouts of the phases: ``train`` (megatron DP ranks, every TP/PP peer
+    receives its DP rank's rows) and ``gen_writers`` (the first rank of each vLLM
+    instance, which put the rollout rows)."""
+    from mindspeed_rl.transfer_dock import ConsumerLayout
+
+    tpg = layout.infer_tensor_parallel_size
+    return {"train": ConsumerLayout.megatron(layout.world_size, layout.tensor_model_parallel_size,
+                                             layout.pipeline_model_parallel_size),
+            "gen_writers": ConsumerLayout(tuple((k * tpg,)
+                                                for k in range(layout.infer_data_parallel_size)))}

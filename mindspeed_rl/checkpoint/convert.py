@@ -9,6 +9,7 @@ Every conversion writes into a temporary directory renamed at the end
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.gguf import find_gguf_file, gguf_to_hf_dir
 from mindspeed_rl.checkpoint.megatron_dir import (
-    load_megatron_checkpoint, read_meta, save_megatron_checkpoint, write_meta,
+    checkpoint_tensor_keys, load_megatron_checkpoint, read_meta, save_megatron_checkpoint, write_meta,
 )
 from mindspeed_rl.checkpoint.staging import check_output_dir, staged_output_dir
 
@@ -65,14 +66,26 @@ def _hf_dir_to_mg_dir(hf_dir: Path, out_dir: Path, show_progress: bool) -> None:
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, load_hf_weights
     from mindspeed_rl.models.hf_io import HFCheckpointReader, copy_metadata_files
     from mindspeed_rl.models.registry import describe_model
+    from mindspeed_rl.models.value_head import (
+        SCORE, build_value_model, is_sequence_classification, load_value_weights_from_hf,
+    )
 
     reader = HFCheckpointReader(hf_dir)  # validates config.json and every safetensors header
     arch = describe_model(reader.config)
+    # A sequence-classification checkpoint (reward model) becomes a scalar-head model.
+    scalar_head = SCORE in reader or is_sequence_classification(reader.config)
+    progress = _progress("hf -> megatron", show_progress)
     with whole_model_parallel_state():
-        model = build_gpt_model(arch, build_transformer_config(arch, perform_initialization=False))
-        load_hf_weights(model, arch, reader, progress=_progress("hf -> megatron", show_progress))
+        config = build_transformer_config(arch, perform_initialization=False)
+        if scalar_head:
+            model = build_value_model(arch, config)
+            load_value_weights_from_hf(model, arch, reader, require_score_head=True, progress=progress)
+        else:
+            model = build_gpt_model(arch, config)
+            load_hf_weights(model, arch, reader, progress=progress)
         copy_metadata_files(hf_dir, out_dir)
-        write_meta(out_dir, arch.name, padded_vocab_size=arch.padded_vocab_size, source=str(hf_dir))
+        head = {"head": "score", "num_labels": 1} if scalar_head else {}
+        write_meta(out_dir, arch.name, padded_vocab_size=arch.padded_vocab_size, source=str(hf_dir), **head)
         save_megatron_checkpoint(model, out_dir, iteration=None)
 
 
@@ -87,11 +100,17 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
                      show_progress: bool = False) -> Path:
     """Megatron checkpoint directory -> HF directory (config, tokenizer files, safetensors).
 
-    ``dtype="auto"`` writes the dtype config.json names (float32 if none).
+    ``dtype="auto"`` writes the dtype config.json names (float32 if none). A checkpoint with
+    a scalar head (``value_head.weight``) is written as ``*ForSequenceClassification``
+    (``score.weight``); an LM config.json (a critic started from a CausalLM) is rewritten
+    for that class (`as_sequence_classification`).
     """
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, hf_tensors_from_model
     from mindspeed_rl.models.hf_io import copy_metadata_files, load_hf_config, write_safetensors
     from mindspeed_rl.models.registry import describe_model
+    from mindspeed_rl.models.value_head import (
+        VALUE_HEAD, build_value_model, is_sequence_classification, value_architecture,
+    )
 
     mg_dir = Path(mg_dir)
     check_output_dir(save_dir, overwrite)
@@ -102,6 +121,7 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
             f"{mg_dir}/config.json describes {arch.name} but the checkpoint was written for "
             f"{meta['architecture']}"
         )
+    scalar_head = VALUE_HEAD in checkpoint_tensor_keys(mg_dir)
     if dtype == "auto":
         out_dtype = getattr(arch.hf_config, "dtype", None) or getattr(arch.hf_config, "torch_dtype", None)
         out_dtype = _DTYPES.get(str(out_dtype).replace("torch.", ""), torch.float32)
@@ -109,7 +129,12 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
         out_dtype = _DTYPES[dtype]
     with staged_output_dir(save_dir, overwrite) as out:
         with whole_model_parallel_state():
-            model = build_gpt_model(arch, build_transformer_config(arch, perform_initialization=False))
+            config = build_transformer_config(arch, perform_initialization=False)
+            if scalar_head:
+                arch = value_architecture(arch)
+                model = build_value_model(arch, config)
+            else:
+                model = build_gpt_model(arch, config)
             load_megatron_checkpoint(model, mg_dir)
             tensors = hf_tensors_from_model(model, arch, dtype=out_dtype)
             if show_progress:
@@ -119,7 +144,25 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
                 tensors = tqdm(tensors, total=total, desc="megatron -> hf", unit="tensor", leave=False)
             write_safetensors(out, tensors)
         copy_metadata_files(mg_dir, out)
+        if scalar_head and not is_sequence_classification(arch.hf_config):
+            as_sequence_classification(out / "config.json")
     return Path(save_dir)
+
+
+def as_sequence_classification(config_path: Path) -> None:
+    """Rewrite an LM's config.json for its ``*ForSequenceClassification`` twin with one label.
+
+    A critic trained from a CausalLM keeps that config; transformers needs the class
+    name and ``num_labels=1`` to load the score head.
+    """
+    config = json.loads(config_path.read_text())
+    names = config.get("architectures") or []
+    if not names or not names[0].endswith("ForCausalLM"):
+        raise CheckpointError(f"{config_path}: \"architectures\"={names} names no *ForCausalLM class to "
+                              "turn into *ForSequenceClassification; set it by hand")
+    config["architectures"] = [names[0][: -len("ForCausalLM")] + "ForSequenceClassification"]
+    config["id2label"], config["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def convert_gguf(load_dir, save_dir, save_model_type: str, *, gguf_file: str | None = None,

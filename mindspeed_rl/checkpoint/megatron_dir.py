@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Collection
 
 import torch.distributed as dist
 
@@ -89,8 +90,23 @@ def save_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
     return path
 
 
-def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | None | str = "latest") -> Path:
-    """Collectively load this rank's shard of ``model`` from a checkpoint saved at any layout."""
+def checkpoint_tensor_keys(mg_dir: str | os.PathLike, iteration: int | None | str = "latest") -> set[str]:
+    """The keys of the sharded tensors stored in a checkpoint (read from its metadata only)."""
+    from megatron.core import dist_checkpointing
+
+    path = checkpoint_path(mg_dir, iteration)
+    try:
+        return set(dist_checkpointing.load_tensors_metadata(str(path)))
+    except Exception as exc:  # noqa: BLE001 - name the folder
+        raise CheckpointError(f"{path}: cannot read the checkpoint's tensor metadata: {exc}") from exc
+
+
+def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | None | str = "latest",
+                             exclude: Collection[str] = ()) -> Path:
+    """Collectively load this rank's shard of ``model`` from a checkpoint saved at any layout.
+
+    ``exclude``: state-dict keys of ``model`` that are not read (they keep their values).
+    """
     import torch
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
@@ -98,11 +114,15 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
     path = checkpoint_path(mg_dir, iteration)
     try:
         with torch.no_grad():
-            request = model.sharded_state_dict()
+            request = {k: v for k, v in model.sharded_state_dict().items() if k not in exclude}
             state = dist_checkpointing.load(request, str(path))
             # A trainer checkpoint also holds optimizer, RNG and run state; dist_checkpointing
             # returns its non-sharded part (common.pt) beside what was asked for.
-            model.load_state_dict({k: v for k, v in state.items() if k in request}, strict=True)
+            result = model.load_state_dict({k: v for k, v in state.items() if k in request},
+                                           strict=not exclude)
+            missing = sorted(set(result.missing_keys) - set(exclude))
+            if missing or result.unexpected_keys:
+                raise RuntimeError(f"missing keys {missing[:3]}, unexpected keys {result.unexpected_keys[:3]}")
     except CheckpointError:
         raise
     # torch's CheckpointException derives from BaseException and wraps each rank's error.

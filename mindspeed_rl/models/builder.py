@@ -10,7 +10,7 @@ PP stage (pre/post_process) and EP experts. Weights come either from an HF direc
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 import torch
 
@@ -140,13 +140,15 @@ def _full_shape(param: torch.Tensor, tp_dim: int | None, tp_size: int) -> torch.
     return torch.Size(shape)
 
 
-def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointReader) -> None:
+def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointReader,
+                        exclude: Collection[str] = ()) -> None:
     """Refuse an HF checkpoint whose tensor names or shapes do not fit ``arch`` (before loading).
 
-    Names are checked for the whole model, shapes for this rank's parameters.
+    Names are checked for the whole model, shapes for this rank's parameters. ``exclude``:
+    global megatron names the checkpoint need not hold (they are not loaded).
     """
     wm = arch.weight_map
-    expected = set(wm.all_hf_names())
+    expected = set(wm.all_hf_names()) - {h for name in exclude for h in wm.hf_names(name)}
     present = set(reader.names())
     missing = sorted(expected - present)
     if missing:
@@ -161,6 +163,8 @@ def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointRead
             f"model with this config.json ({len(unexpected)} unexpected tensor(s): {unexpected[:3]})"
         )
     for local, global_name in global_parameter_names(model).items():
+        if global_name in exclude:
+            continue
         param = model.get_parameter(local)
         is_expert = wm.is_expert(global_name)
         full = _full_shape(param, wm.tp_dim(global_name), _tp_rank_and_size(is_expert)[1])
@@ -174,11 +178,15 @@ def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointRead
 
 @torch.no_grad()
 def load_hf_weights(model, arch: ModelArchitecture, reader: HFCheckpointReader,
-                    progress: Callable[[Iterator], Iterator] | None = None) -> None:
-    """Copy HF weights into this rank's shard of ``model`` (any TP/PP/EP layout)."""
-    check_hf_checkpoint(model, arch, reader)
+                    progress: Callable[[Iterator], Iterator] | None = None,
+                    exclude: Collection[str] = ()) -> None:
+    """Copy HF weights into this rank's shard of ``model`` (any TP/PP/EP layout).
+
+    Parameters whose global megatron name is in ``exclude`` keep their values.
+    """
+    check_hf_checkpoint(model, arch, reader, exclude)
     wm = arch.weight_map
-    items = list(global_parameter_names(model).items())
+    items = [(local, name) for local, name in global_parameter_names(model).items() if name not in exclude]
     for local, global_name in (progress(items) if progress else items):
         param = model.get_parameter(local)
         full = wm.to_megatron(global_name, {h: reader.get(h) for h in wm.hf_names(global_name)})

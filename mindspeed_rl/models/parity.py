@@ -2,7 +2,9 @@
 
 Used by tools/check_parity.py and the parity tests. Every rank runs the same random
 token batch; the megatron logits (gathered over TP, from the last PP stage) are
-compared with transformers' eager fp32 logits on the real vocabulary columns.
+compared with transformers' eager fp32 logits on the real vocabulary columns. For a
+scalar-head checkpoint (reward model) the scores are compared with
+``AutoModelForSequenceClassification``'s, per position and pooled.
 """
 
 from __future__ import annotations
@@ -18,11 +20,9 @@ def random_tokens(vocab_size: int, batch_size: int, seq_length: int, seed: int =
 
 
 @torch.no_grad()
-def megatron_logits(model, tokens: torch.Tensor) -> torch.Tensor | None:
-    """Full-vocabulary logits [batch, seq, padded_vocab] on the last PP stage, None elsewhere.
-
-    Runs megatron's forward-only pipeline schedule, so it works at any PP size.
-    """
+def megatron_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The model's output on the last PP stage (None elsewhere), through megatron's
+    forward-only pipeline schedule, so it works at any PP size."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -30,10 +30,10 @@ def megatron_logits(model, tokens: torch.Tensor) -> torch.Tensor | None:
     position_ids = torch.arange(seq_length).unsqueeze(0).expand(batch_size, -1)
 
     def forward_step(data_iterator, model):
-        output = model(tokens, position_ids, attention_mask=None)  # [b, s, vocab / tp]
+        output = model(tokens, position_ids, attention_mask=None)
 
         def collect(output_tensor):
-            return output_tensor.new_zeros(()), {"logits": output_tensor.detach()}
+            return output_tensor.new_zeros(()), {"output": output_tensor.detach()}
 
         return output, collect
 
@@ -41,9 +41,17 @@ def megatron_logits(model, tokens: torch.Tensor) -> torch.Tensor | None:
     out = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter([None]), model=[model], num_microbatches=1,
         seq_length=seq_length, micro_batch_size=batch_size, forward_only=True)
-    if not ps.is_pipeline_last_stage():
+    return out[0]["output"] if ps.is_pipeline_last_stage() else None
+
+
+@torch.no_grad()
+def megatron_logits(model, tokens: torch.Tensor) -> torch.Tensor | None:
+    """Full-vocabulary logits [batch, seq, padded_vocab] on the last PP stage, None elsewhere."""
+    from megatron.core import parallel_state as ps
+
+    logits = megatron_forward(model, tokens)  # [b, s, vocab / tp]
+    if logits is None:
         return None
-    logits = out[0]["logits"]
     tp_size = ps.get_tensor_model_parallel_world_size()
     if tp_size > 1:
         shards = [torch.empty_like(logits) for _ in range(tp_size)]
@@ -63,13 +71,32 @@ def transformers_logits(hf_dir, tokens: torch.Tensor) -> torch.Tensor:
     return model(input_ids=tokens).logits
 
 
+@torch.no_grad()
+def transformers_scores(hf_dir, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence classifier's (num_labels=1) scores: per position [batch, seq] and pooled
+    at the last non-pad token [batch] (what transformers returns), fp32, eager attention."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(hf_dir), dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    per_position = []
+    handle = model.score.register_forward_hook(lambda module, args, out: per_position.append(out))
+    try:
+        pooled = model(input_ids=tokens).logits  # [b, 1]
+    finally:
+        handle.remove()
+    return per_position[0].squeeze(-1), pooled.squeeze(-1)
+
+
 def load_megatron_model(mg_dir, layout, *, seed: int = 1234):
     """Initialise megatron at ``layout`` and load ``mg_dir`` into this rank's shard.
 
-    Returns (model, arch). Call `destroy_megatron_parallel()` when done.
+    Returns (model, arch). A checkpoint with a scalar head (a converted reward model, a
+    critic) gives a `value_head.GPTValueModel`. Call `destroy_megatron_parallel()` when done.
     """
-    from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
+    from mindspeed_rl.checkpoint.megatron_dir import checkpoint_tensor_keys, load_megatron_checkpoint
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, describe_hf_dir
+    from mindspeed_rl.models.value_head import VALUE_HEAD, build_value_model
     from mindspeed_rl.parallel.groups import initialize_megatron_parallel
     from mindspeed_rl.platform import setup_platform
 
@@ -78,8 +105,10 @@ def load_megatron_model(mg_dir, layout, *, seed: int = 1234):
     layout.check_model(num_attention_heads=arch.transformer_config_kwargs["num_attention_heads"],
                        num_query_groups=arch.transformer_config_kwargs["num_query_groups"],
                        num_layers=arch.num_layers, num_experts=arch.num_experts)
+    scalar_head = VALUE_HEAD in checkpoint_tensor_keys(mg_dir)
     initialize_megatron_parallel(layout, seed=seed)
-    model = build_gpt_model(arch, build_transformer_config(arch))
+    build = build_value_model if scalar_head else build_gpt_model
+    model = build(arch, build_transformer_config(arch))
     load_megatron_checkpoint(model, mg_dir)
     return model, arch
 
@@ -95,15 +124,27 @@ def check_parity(hf_dir, mg_dir, layout, *, seq_length: int = 32, batch_size: in
                  seed: int = 0, reference: torch.Tensor | None = None) -> float:
     """max |megatron logits - transformers logits| at ``layout`` (same value on every rank).
 
-    ``reference`` reuses transformers logits computed earlier for the same tokens.
+    ``reference`` reuses transformers logits computed earlier for the same tokens. For a
+    scalar-head checkpoint the logits are the sequence classifier's scores: per position
+    and pooled at the last non-pad token.
     """
     from megatron.core import parallel_state as ps
 
+    from mindspeed_rl.models import value_head
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
     model, arch = load_megatron_model(mg_dir, layout)
     try:
         tokens = random_tokens(arch.vocab_size, batch_size, seq_length, seed)
+        if isinstance(model, value_head.GPTValueModel):
+            values = megatron_forward(model, tokens)  # [b, s]
+            diff = None
+            if values is not None:
+                per_position, pooled = transformers_scores(hf_dir, tokens)
+                pad = arch.hf_config.pad_token_id
+                diff = torch.cat([(values - per_position).flatten(),
+                                  value_head.last_token_values(values, tokens, pad) - pooled])
+            return max_abs_diff_global(diff)
         logits = megatron_logits(model, tokens)
         diff = None
         if ps.is_pipeline_last_stage():

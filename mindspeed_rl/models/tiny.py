@@ -69,11 +69,19 @@ def tiny_config(arch: str, **overrides):
 
 
 @torch.no_grad()
-def make_tiny_hf_dir(arch: str, path, *, seed: int = 0, **overrides) -> Path:
-    """Write a tiny random ``arch`` model with a tokenizer to ``path``; return the path."""
-    from transformers import AutoModelForCausalLM
+def make_tiny_hf_dir(arch: str, path, *, seed: int = 0, sequence_classification: bool = False,
+                     **overrides) -> Path:
+    """Write a tiny random ``arch`` model with a tokenizer to ``path``; return the path.
+
+    ``sequence_classification=True`` writes ``*ForSequenceClassification`` with
+    ``num_labels=1`` (a reward model: body under ``model.*``, head ``score.weight``)
+    instead of ``*ForCausalLM``; with the same seed its body equals the CausalLM's.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
+    if sequence_classification:
+        overrides = {"num_labels": 1, **overrides}
     config = tiny_config(arch, **overrides)
     tokenizer = build_tokenizer()
     assert len(tokenizer) <= config.vocab_size
@@ -81,7 +89,8 @@ def make_tiny_hf_dir(arch: str, path, *, seed: int = 0, **overrides) -> Path:
     config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config.bos_token_id = None
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    auto_class = AutoModelForSequenceClassification if sequence_classification else AutoModelForCausalLM
+    model = auto_class.from_config(config, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g)

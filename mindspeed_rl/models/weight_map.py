@@ -138,6 +138,7 @@ class WeightMap:
         self.num_experts = num_experts
         self.tie_embeddings = tie_embeddings
         # HF tensors that carry no information for megatron (rotary caches, the tied lm_head).
+        self.ignored_hf_patterns = tuple(ignored_hf)
         self._ignored_hf = tuple(re.compile(p) for p in ignored_hf)
         self._entries: dict[str, tuple[Rule, tuple[str, ...]]] = {}
         for rule in self.rules:

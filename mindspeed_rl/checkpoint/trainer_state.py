@@ -74,16 +74,17 @@ def _prefixed(state: dict, prefix: str) -> dict:
     return state
 
 
-def _state_dict(trainables: dict, common: dict, *, loading: bool, with_optimizer: bool,
+def _state_dict(trainables: dict, common: dict, *, loading: bool, with_optimizer: set[str],
                 with_rng: bool, per_rank: object | None = None) -> dict:
     """The actor's model and optimizer under ``model``/``optimizer`` (the keys of a plain
     model checkpoint, so conversion and other runs read it); other roles' (the critic's)
-    under ``<role>/...`` with their keys prefixed ``<role>.``."""
+    under ``<role>/...`` with their keys prefixed ``<role>.``. ``with_optimizer``: the
+    roles whose optimizer state is included."""
     state = {"common": common}
     for name, role in trainables.items():
         model_sd = role.model.sharded_state_dict()
         part = {"model": model_sd}
-        if with_optimizer:
+        if name in with_optimizer:
             part["optimizer"] = role.optimizer.sharded_state_dict(
                 model_sd, is_loading=loading, metadata=_OPTIM_METADATA)
         if name == "actor":
@@ -120,12 +121,15 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
             copy_metadata_files(hf_files_from, save_dir)
             write_meta(save_dir, architecture)
     _barrier()
-    common = dict(common, iteration=iteration,
+    # An optimizer that never stepped (PPO's actor during critic_warmup) has no state to
+    # save (megatron's distributed optimizer refuses); it resumes fresh, as it was.
+    stepped = {name for name, t in trainables.items() if t.scheduler.num_steps > 0}
+    common = dict(common, iteration=iteration, optimizers_saved=sorted(stepped),
                   schedulers={name: t.scheduler.state_dict() for name, t in trainables.items()})
     ok = torch.zeros(1)
     try:
         dist_checkpointing.save(_state_dict(trainables, common, loading=False,
-                                            with_optimizer=True, with_rng=True,
+                                            with_optimizer=stepped, with_rng=True,
                                             per_rank=per_rank), str(tmp))
         ok.fill_(1)
     finally:
@@ -171,19 +175,21 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
         raise CheckpointError(f"{path}: holds no state of {missing} (it saved {sorted(saved_roles)}); "
                               "resume a run with the same roles, or start from a converted "
                               "checkpoint")
-    if load_optimizer:
-        for role in trainables.values():
-            role.prepare_optimizer_for_load()
+    optimizers = set(common.get("optimizers_saved", trainables)) if load_optimizer else set()
+    optimizers &= set(trainables)
+    for name in optimizers:
+        trainables[name].prepare_optimizer_for_load()
     with torch.no_grad():
         state = dist_checkpointing.load(
-            _state_dict(trainables, {}, loading=True, with_optimizer=load_optimizer,
+            _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
                         with_rng=load_rng), str(path))
         schedulers = common.get("schedulers") or {"actor": common.get("scheduler")}
         for name, role in trainables.items():
             part = state if name == "actor" else state[name]
             role.model.load_state_dict(part["model"], strict=True)
-            if load_optimizer:
+            if name in optimizers:
                 role.optimizer.load_state_dict(part["optimizer"])
+            if load_optimizer:
                 role.scheduler.load_state_dict(schedulers[name])
     if load_rng:
         from megatron.core.tensor_parallel import get_cuda_rng_tracker

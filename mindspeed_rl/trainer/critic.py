@@ -20,8 +20,8 @@ _STAT_KEYS = ["vf_loss", "vf_clipfrac", "vpred", "returns", "returns_sq", "resid
 
 
 def _scalar(outputs: torch.Tensor) -> torch.Tensor:
-    """[b, R, 1] head outputs -> [b, R] float32."""
-    return outputs.squeeze(-1).float() if outputs.dim() == 3 else outputs.float()
+    """The head's outputs at the response positions, [b, R] float32."""
+    return outputs.float()
 
 
 class MegatronCritic(TrainableModel):

@@ -68,6 +68,14 @@ class Roles:
         """The roles whose state a checkpoint saves (the actor first)."""
         return {"actor": self.actor, **({"critic": self.critic} if self.critic else {})}
 
+    @contextlib.contextmanager
+    def trainables_resident(self) -> Iterator[dict]:
+        """Every trainable role on the device (a checkpoint reads and writes its storage)."""
+        with contextlib.ExitStack() as stack:
+            if self.critic_swap is not None:
+                stack.enter_context(self.critic_swap.resident())
+            yield self.trainables
+
     def shutdown(self) -> None:
         self.rollout.shutdown()
 
@@ -119,11 +127,10 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
                                         ledger, pin)
 
     if config.critic_config is not None:
-        from mindspeed_rl.models.value_head import build_value_model, load_value_weights
+        from mindspeed_rl.models.value_head import load_value_weights
 
         cc = config.critic_config
-        value_model = build_value_model(arch, params_dtype=dtype,
-                                        sequence_parallel=mt.sequence_parallel)
+        value_model = _scalar_head_model(arch, dtype, mt.sequence_parallel, seed=mt.seed)
         if not resume:
             load_value_weights(value_model, arch, cc.load or source.path,
                                require_score_head=False)
@@ -136,18 +143,28 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
             pin)
 
     if config.reward_config is not None:
-        from mindspeed_rl.models.value_head import build_value_model, load_value_weights
+        from mindspeed_rl.models.value_head import load_value_weights
 
         rc = config.reward_config
         rm_arch = reward_model_architecture(rc.load, arch, model_dir)
-        rm = build_value_model(rm_arch, params_dtype=dtype,
-                               sequence_parallel=mt.sequence_parallel)
+        rm = _scalar_head_model(rm_arch, dtype, mt.sequence_parallel, seed=mt.seed)
         load_value_weights(rm, rm_arch, rc.load, require_score_head=True)
         rm.requires_grad_(False)
         roles.reward_model = rm
         roles.reward_model_swap = RoleSwap("reward_model",
                                            lambda: {"param": list(rm.parameters())}, ledger, pin)
     return roles
+
+
+def _scalar_head_model(arch, dtype: torch.dtype, sequence_parallel: bool, seed: int):
+    """A GPT whose last stage outputs one value per position (critic, reward model)."""
+    from mindspeed_rl.models.builder import build_transformer_config
+    from mindspeed_rl.models.value_head import build_value_model
+
+    config = build_transformer_config(arch, params_dtype=dtype,
+                                      sequence_parallel=sequence_parallel,
+                                      calculate_per_token_loss=True)
+    return build_value_model(arch, config, head_seed=seed)
 
 
 # ---- where weights come from -----------------------------------------------------------

@@ -30,8 +30,8 @@ class _ResponseOutputsOnly:
     def __init__(self, model) -> None:
         self.index: torch.Tensor | None = None
         self.enabled = model.post_process and not model.config.sequence_parallel
-        self._handle = (model.output_layer.register_forward_pre_hook(self._hook)
-                        if self.enabled else None)
+        head = getattr(model, "output_layer", None) or getattr(model, "value_head", None)
+        self._handle = head.register_forward_pre_hook(self._hook) if self.enabled else None
 
     def _hook(self, module, args):
         if self.index is None:
@@ -59,7 +59,7 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
     """Run equal-shape micro-batches through megatron's schedule.
 
     ``loss_fn(outputs [b, R, ...], mb)`` receives each micro-batch's outputs at its
-    response positions (vocabulary logits ``[b, R, V/tp]``, or values ``[b, R, 1]``)
+    response positions (vocabulary logits ``[b, R, V/tp]``, or values ``[b, R]``)
     and returns megatron's ``(loss, num_tokens, reported)``.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -69,9 +69,11 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
     def forward_step(data_iterator, _model):
         mb = next(data_iterator)
         hook.index = mb.response_index
-        out = _model(mb.tokens, mb.positions, attention_mask=None)  # [b, R or S, ...]
+        out = _model(mb.tokens, mb.positions, attention_mask=None)  # [b, R or S(, V/tp)]
         if not hook.enabled and model.post_process:
-            index = mb.response_index.unsqueeze(-1).expand(-1, -1, out.size(-1))
+            index = mb.response_index
+            if out.dim() == 3:  # vocabulary logits; a scalar head gives [b, S]
+                index = index.unsqueeze(-1).expand(-1, -1, out.size(-1))
             out = out.gather(1, index)
         return out, lambda o: loss_fn(o, mb)
 

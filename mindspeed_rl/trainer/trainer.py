@@ -186,18 +186,21 @@ class RLTrainer:
 
         save = self.config.actor_config.save
         if save:
-            save_trainer_checkpoint(save, self.state.iteration, self.roles.trainables,
-                                    common={"trainer": self.state_dict()},
-                                    per_rank=self.flow.dock.warehouse.state_dict(),
-                                    hf_files_from=self.model_dir, architecture=self.arch.name)
+            with self.roles.trainables_resident() as trainables:
+                save_trainer_checkpoint(save, self.state.iteration, trainables,
+                                        common={"trainer": self.state_dict()},
+                                        per_rank=self.flow.dock.warehouse.state_dict(),
+                                        hf_files_from=self.model_dir,
+                                        architecture=self.arch.name)
 
     def load_checkpoint(self, load_dir: str) -> None:
         from mindspeed_rl.checkpoint.trainer_state import load_trainer_checkpoint
 
         ac = self.config.actor_config
-        common, cells = load_trainer_checkpoint(load_dir, self.roles.trainables,
-                                                load_optimizer=not ac.no_load_optim,
-                                                load_rng=not ac.no_load_rng)
+        with self.roles.trainables_resident() as trainables:
+            common, cells = load_trainer_checkpoint(load_dir, trainables,
+                                                    load_optimizer=not ac.no_load_optim,
+                                                    load_rng=not ac.no_load_rng)
         self.load_state_dict(common["trainer"])
         self.flow.dock.warehouse.load_state_dict(cells or {})
 

@@ -1,0 +1,138 @@
+"""PPO end to end on CPU: torchrun + pretrain_ppo.py, megatron actor and critic + vLLM, 2 ranks,
+tiny random model; the reward-model path; resume; bad input.
+
+Runs the launcher as a user does (a subprocess under torchrun) and reads back metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
+from mindspeed_rl.models.tiny import make_tiny_hf_dir
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "ppo_tiny_test.yaml"
+REQUIRED_KEYS = [
+    "timing/all", "timing/rollout", "timing/reward", "timing/values", "timing/gae",
+    "timing/critic_update", "timing/reference_model", "timing/old_log_p",
+    "critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/explained_variance",
+    "critic/grad_norm", "critic/lr", "critic/returns_mean", "actor/kl_coef",
+    "actor/reward_kl_penalty", "reward/mean", "response_length/mean",
+    "throughput/e2e_tokens_per_s_per_device",
+]
+ACTOR_KEYS = ["actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
+              "actor/lr", "rollout/logprob_abs_diff_max", "timing/update"]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ppo")
+    train, test = make_arithmetic_problems(64, 8, seed=0, max_operand=20, ops="+")
+    write_jsonl(train, root / "train.jsonl")
+    write_jsonl(test, root / "test.jsonl")
+    return {"root": root, "model": make_tiny_hf_dir("qwen2", root / "qwen2"),
+            "data": root / "train.jsonl", "test": root / "test.jsonl"}
+
+
+def launch(assets, run: str, *overrides: str, nproc: int = 2, timeout: int = 900,
+           launcher: str = "pretrain_ppo.py", config: Path = CONFIG, check: bool = True):
+    log_dir = assets["root"] / run / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           str(ROOT / launcher), "--config", str(config),
+           f"megatron_training.model={assets['model']}",
+           f"megatron_training.data_path={assets['data']}",
+           f"megatron_training.log_dir={log_dir}", *overrides]
+    proc = subprocess.run(cmd, cwd=assets["root"], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if not check:
+        return proc, []
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return proc, rows
+
+
+def training_rows(rows):
+    return {r["iteration"]: r for r in rows if "timing/all" in r}
+
+
+@pytest.mark.parametrize("layout", [
+    ["actor_config.tensor_model_parallel_size=2", "generate_config.infer_tensor_parallel_size=1"],
+    ["actor_config.tensor_model_parallel_size=1", "actor_config.pipeline_model_parallel_size=2",
+     "generate_config.infer_tensor_parallel_size=2"],
+], ids=["tp2_to_tpg1", "pp2_to_tpg2"])
+def test_ppo_iterations_complete_with_all_metrics(assets, layout):
+    name = "run_" + layout[0][-1] + layout[-1][-1]
+    proc, rows = launch(assets, name, f"megatron_training.test_data_path={assets['test']}",
+                        *layout)
+    train = training_rows(rows)
+    assert sorted(train) == [1, 2, 3]
+    for it, row in train.items():
+        missing = [k for k in REQUIRED_KEYS if k not in row]
+        assert not missing, (it, missing)
+        for k in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean", "reward/mean"):
+            assert row[k] is not None and math.isfinite(row[k]), (it, k, row[k])
+    # critic_warmup: 1 -> the actor does not update in iteration 1, then it does
+    assert not any(k in train[1] for k in ACTOR_KEYS if not k.startswith("timing/"))
+    for it in (2, 3):
+        missing = [k for k in ACTOR_KEYS if k not in train[it]]
+        assert not missing, (it, missing)
+        assert math.isfinite(train[it]["actor/pg_loss"]) and train[it]["actor/grad_norm"] > 0
+        assert train[it]["rollout/logprob_abs_diff_max"] < 1e-3
+    # the adaptive KL controller moves the coefficient once the policy moves
+    coefs = [train[it]["actor/kl_coef"] for it in (1, 2, 3)]
+    assert coefs[0] == pytest.approx(0.01) and coefs[2] != coefs[0]
+    assert [r["iteration"] for r in rows if "eval/accuracy" in r] == [0, 3]
+    assert "phases: resharding_to_infer -> rollout -> resharding_to_train -> reward -> values " \
+           "-> old_log_p -> reference_model -> gae -> critic_update -> update" in proc.stdout
+
+
+def test_ppo_resume_reproduces_uninterrupted_run(assets):
+    """Stop after 2 of 3 iterations, resume: iteration 3 (actor and critic) is identical."""
+    full_ckpt, part_ckpt = assets["root"] / "ppo_full", assets["root"] / "ppo_part"
+    _, full = launch(assets, "full", "megatron_training.save_interval=1",
+                     f"actor_config.save={full_ckpt}")
+    _, part = launch(assets, "part", "megatron_training.train_iters=2",
+                     f"actor_config.save={part_ckpt}")
+    assert (part_ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    _, resumed = launch(assets, "part", f"actor_config.load={part_ckpt}",
+                        f"actor_config.save={part_ckpt}")
+    full, resumed = training_rows(full), training_rows(resumed)
+    assert sorted(resumed) == [1, 2, 3]
+    for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",
+                "actor/grad_norm", "actor/kl_coef", "critic/vf_loss", "critic/grad_norm",
+                "critic/vpred_mean", "critic/explained_variance", "critic/returns_mean"):
+        assert resumed[3][key] == pytest.approx(full[3][key], rel=1e-6, abs=1e-9), key
+
+
+def test_reward_model_scores_join_the_reward(assets, tmp_path_factory):
+    """A tiny sequence-classification reward model (GRPO + PPO use the same phase)."""
+    rm = make_tiny_hf_dir("qwen2", assets["root"] / "qwen2_rm", sequence_classification=True)
+    _, rows = launch(assets, "with_rm", "megatron_training.train_iters=1",
+                     f"reward_config.load={rm}", "reward_config.weight=0.5",
+                     launcher="pretrain_grpo.py", config=ROOT / "configs" / "grpo_tiny_test.yaml")
+    row = training_rows(rows)[1]
+    assert "timing/reward_model" in row and math.isfinite(row["reward_model/score/mean"])
+    assert row["reward_model/score/min"] < row["reward_model/score/max"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rl_config.critic_warmup=3"], "rl_config.critic_warmup=3: must be smaller than "
+                                    "megatron_training.train_iters=3"),
+    (["critic_config.tensor_model_parallel_size=4"],
+     "critic_config.tensor_model_parallel_size=4: differs from "
+     "actor_config.tensor_model_parallel_size=2"),
+], ids=["warmup", "critic_layout"])
+def test_bad_ppo_config_fails_before_any_process_group(assets, overrides, message):
+    proc, _ = launch(assets, "bad", *overrides, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Megatron-style multi-node launcher: run the same command on every node.
 #   NNODES=2 NODE_RANK=<0..NNODES-1> MASTER_ADDR=<node 0> bash shell/launch_grpo.sh CONFIG [dotted.key=value ...]
-# Honours NNODES, NODE_RANK, NPROC_PER_NODE (devices per node), MASTER_ADDR, MASTER_PORT.
+# Honours NNODES, NODE_RANK, NPROC_PER_NODE (devices per node), MASTER_ADDR, MASTER_PORT, and
+# LAUNCHER (pretrain_grpo.py by default; pretrain_ppo.py for PPO configs).
 set -euo pipefail
 CONFIG=${1:?usage: launch_grpo.sh CONFIG [dotted.key=value ...]}
 shift
@@ -22,10 +23,11 @@ NODE_RANK=${NODE_RANK:-0}
 NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-6000}
+LAUNCHER=${LAUNCHER:-pretrain_grpo.py}
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NAME=$(basename "$CONFIG" .yaml)
 mkdir -p logs
 torchrun --nproc_per_node "$NPROC_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
   --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
-  pretrain_grpo.py --config "$CONFIG" "$@" 2>&1 | tee "logs/${NAME}_node${NODE_RANK}.log"
+  "$LAUNCHER" --config "$CONFIG" "$@" 2>&1 | tee "logs/${NAME}_node${NODE_RANK}.log"

@@ -403,3 +403,52 @@ def test_model_divisibility(job):
     assert "num_hidden_layers=2" in message
     assert "has no experts" in error_of(load_config, job(actor_config={
         "expert_model_parallel_size": 2}))
+
+
+# ---- PPO ------------------------------------------------------------------------------------
+
+def test_ppo_config_dry_run_plans_critic_and_reward_model(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    config = load_config(REPO / "configs" / "ppo_qwen25_7b.yaml", check_data=False,
+                         algorithm="ppo")
+    assert config.rl_config.adv_estimator == "gae"        # resolved from the launcher
+    plan = make_plan(config, 16).to_dict()
+    assert plan["samples"]["critic_micro_batches_per_mini_batch"] == 32
+    memory = plan["memory_bytes"]
+    assert memory["critic"] > memory["actor_params"] and memory["reward_model"] > 0
+    assert plan["phase_bytes"]["critic_phase"] > plan["phase_bytes"]["training_phase"]
+    assert main(["--algorithm", "ppo", "--config", "configs/ppo_qwen25_7b.yaml", "--dry-run",
+                 "--world-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "critic (params + fp32 grads + optimizer; on host when idle)" in out
+    assert "reward model (bf16; on host when idle)" in out
+
+
+def test_ppo_needs_a_critic_and_grpo_refuses_one(job):
+    path = job()
+    message = error_of(load_config, path, algorithm="ppo")
+    assert message.startswith("critic_config: pretrain_ppo.py needs a critic_config section")
+    message = error_of(load_config, path, ["critic_config.lr=1e-5"], algorithm="grpo")
+    assert "critic_config" in message and "pretrain_grpo.py trains no critic" in message
+    message = error_of(load_config, path, ["rl_config.adv_estimator=gae"], algorithm="grpo")
+    assert "pretrain_grpo.py runs GRPO, whose estimator is group_norm" in message
+    assert "launch pretrain_ppo.py for gae" in message
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("rl_config.critic_warmup=10", "rl_config.critic_warmup=10: must be smaller than "
+                                   "megatron_training.train_iters=10"),
+    ("critic_config.pipeline_model_parallel_size=2",
+     "critic_config.pipeline_model_parallel_size=2: differs from "
+     "actor_config.pipeline_model_parallel_size=1"),
+    ("rl_config.kl_ctrl_type=adaptive", "rl_config.kl_ctrl_type='adaptive': the adaptive KL "
+                                        "controller scales the KL in the reward"),
+    ("rl_config.lam=1.5", "rl_config.lam=1.5: must lie in [0, 1]"),
+    ("critic_config.micro_batch_size=3", "critic_config.micro_batch_size=3"),
+])
+def test_bad_ppo_values_name_the_key(job, override, expected):
+    path = job()
+    config_error = error_of(lambda: make_plan(load_config(
+        path, ["critic_config.lr=1e-5", "megatron_training.train_iters=10", override],
+        algorithm="ppo"), 2))
+    assert expected in config_error

@@ -136,3 +136,21 @@ def test_bad_ppo_config_fails_before_any_process_group(assets, overrides, messag
     proc, _ = launch(assets, "bad", *overrides, check=False, timeout=120)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("causal_lm", "has no score head"),
+    ("other_vocab", "vocabulary of 512 tokens, but the actor's has 384"),
+], ids=["no_score_head", "other_vocabulary"])
+def test_unusable_reward_model_is_refused_at_start(assets, kind, message):
+    rm = assets["root"] / f"rm_{kind}"
+    if kind == "causal_lm":
+        make_tiny_hf_dir("qwen2", rm)
+    else:
+        make_tiny_hf_dir("qwen2", rm, sequence_classification=True, vocab_size=512)
+    proc, _ = launch(assets, f"bad_rm_{kind}", "megatron_training.train_iters=1",
+                     f"reward_config.load={rm}", launcher="pretrain_grpo.py",
+                     config=ROOT / "configs" / "grpo_tiny_test.yaml", check=False, timeout=300)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "pretrain_grpo.py: error:" in proc.stderr

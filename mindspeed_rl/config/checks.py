@@ -156,10 +156,11 @@ def _check_roles(config: RLJobConfig) -> None:
     rl, actor, critic, reward = (config.rl_config, config.actor_config, config.critic_config,
                                  config.reward_config)
     if config.algorithm == "ppo":
-        _require(critic is not None, "critic_config", None,
-                 "pretrain_ppo.py needs a critic_config section (the value model)",
-                 "add 'critic_config:' with at least lr (e.g. lr: 5e-6); its weights default to "
-                 "the actor's model with a new value head")
+        if critic is None:
+            raise ConfigError("critic_config", "pretrain_ppo.py needs a critic_config section "
+                              "(the value model)", "add 'critic_config:' with at least lr (e.g. "
+                              "lr: 5e-6); its weights default to the actor's model with a new "
+                              "value head")
         train_iters = config.megatron_training.train_iters
         _require(rl.critic_warmup < train_iters, "rl_config.critic_warmup", rl.critic_warmup,
                  f"must be smaller than megatron_training.train_iters={train_iters}, or the "
@@ -178,9 +179,10 @@ def _check_roles(config: RLJobConfig) -> None:
                  "kl_horizon and kl_target must be greater than 0", "use e.g. kl_horizon: 10000, "
                  "kl_target: 6")
     else:
-        _require(critic is None, "critic_config", "...", "pretrain_grpo.py trains no critic "
-                 "(GRPO's advantages come from the group)", "remove the section, or launch "
-                 "pretrain_ppo.py")
+        if critic is not None:
+            raise ConfigError("critic_config", "pretrain_grpo.py trains no critic (GRPO's "
+                              "advantages come from the group)", "remove the section, or "
+                              "launch pretrain_ppo.py")
         _require(not rl.use_kl_in_reward, "rl_config.use_kl_in_reward", True,
                  "GRPO puts the KL into the loss (init_kl_coef)", "set use_kl_in_reward: false")
     for name, section in (("critic_config", critic), ("reward_config", reward)):

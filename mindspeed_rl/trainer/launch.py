@@ -50,6 +50,7 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
     Returns the exit status: 0, or 2 after one ``prog: error: ...`` line (bad config,
     or bad input found while building: a dataset row, a tokenizer, a checkpoint).
     """
+    from mindspeed_rl.checkpoint.errors import CheckpointError
     from mindspeed_rl.config import ConfigError, parse_launcher_args
     from mindspeed_rl.config.cli import main as config_main
 
@@ -67,7 +68,7 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
                                                   "ranks (memory figures are estimates)"
                              ) as trainer:
             trainer.train()
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, CheckpointError) as error:
         # Every rank reads the same files and fails alike: report once.
         if os.environ.get("RANK", "0") == "0":
             print(f"{prog}: error: {error}", file=sys.stderr, flush=True)

@@ -340,7 +340,13 @@ def critic(dirs):
 def training(dirs):
     ckpt = dirs["root"] / "critic_ckpt"
     results = run_on_ranks(_train_worker, WORLD, dirs["causal_qwen2"], str(ckpt), TRAIN_CASES, timeout=1200)[0]
-    print("\ngrad norms:", json.dumps({n: results[n]["grad_norm"] for n, *_ in TRAIN_CASES}, indent=1))
+    ref = results["tp1"]
+    print("\ntraining vs tp1:", json.dumps({n: {
+        "grad_norm": results[n]["grad_norm"],
+        "max_abs_head_grad_diff": max([float((g - ref["head_grads"][0]).abs().max())
+                                       for g in results[n]["head_grads"]] if "distopt" not in n else [float("nan")]),
+        "max_abs_value_diff_after_step": float((results[n]["values"] - ref["values"]).abs().max()),
+    } for n, *_ in TRAIN_CASES}, indent=1))
     return results, ckpt
 
 

@@ -8,7 +8,10 @@ Run under torchrun with world size = TP x PP x DP:
 
 Loads MG_DIR at that layout, runs one random token batch through it and through
 transformers (fp32, eager attention) on HF_DIR, and prints `max_abs_logit_diff=<float>`
-as its last line. Exit status 1 when the difference exceeds --tolerance.
+as its last line. Exit status 1 when the difference exceeds --tolerance. A checkpoint
+with a scalar head (a reward model converted from *ForSequenceClassification) is
+compared with AutoModelForSequenceClassification: its scores per position and at the
+last non-pad token.
 
 With --rollout it also reshards the megatron weights into a vLLM engine (TP_g =
 --infer-tensor-parallel-size; vLLM starts with dummy weights, so every token comes

@@ -19,6 +19,10 @@ examples:
   # megatron -> HF (config, tokenizer files, safetensors)
   python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
       --load-dir ./ckpt/qwen25-mg --save-dir ./qwen25-trained-hf
+  # a reward model (*ForSequenceClassification, num_labels=1) -> megatron with its score
+  # head (value_head.weight); mg -> hf writes a *ForSequenceClassification directory again
+  python tools/convert_ckpt.py --load-model-type hf --save-model-type mg \\
+      --load-dir ./Qwen2.5-RM --save-dir ./ckpt/qwen25-rm-mg
   # GGUF (dequantised through transformers) -> HF or megatron
   python tools/convert_ckpt.py --load-model-type gguf --save-model-type mg \\
       --load-dir "$(python -c 'from mindspeed_rl.checkpoint.gguf import smollm2_gguf_path as p; print(p().parent)')" \\

@@ -2,6 +2,8 @@
 
 Supported: llama (SmolLM2, tied embeddings), qwen2 (Qwen2.5, qkv bias), qwen3 (qk-layernorm),
 qwen3_moe (experts, router; expert parallelism). See `registry.ARCHITECTURES`.
+Each also builds as a scalar-head model (critic, reward model; HF *ForSequenceClassification):
+see `value_head`.
 """
 
 from mindspeed_rl.models.architecture import ModelArchitecture, UnsupportedConfigError

@@ -121,8 +121,8 @@ def _megatron_classes() -> dict[str, type]:
                 self.weight.sequence_parallel = True
 
         def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-            # fp32 head: the values feed the value loss and GAE, where bf16 rounding
-            # of a scalar is the whole error budget.
+            # fp32 head: the values feed the value loss, GAE and reward scores, and the
+            # cast costs one [s, b, h] copy next to a whole decoder.
             values = torch.nn.functional.linear(hidden.float(), self.weight.float())  # [s', b, 1]
             if self.sequence_parallel:
                 # Every TP rank computes the same loss from the full values, so the
@@ -262,8 +262,11 @@ def load_value_weights(model, arch: ModelArchitecture, load_dir: str | os.PathLi
     tracker's). With a score head in the checkpoint (``score.weight`` / ``value_head.weight``)
     body and head are loaded. Without one the body is loaded (``lm_head.weight`` /
     ``output_layer.weight`` ignored) and the head keeps its seeded init; with
-    ``require_score_head=True`` that case raises `CheckpointError` naming the file instead.
-    Call on every rank (megatron checkpoints load collectively).
+    ``require_score_head=True`` that case raises `CheckpointError` naming the file instead,
+    as does an HF dir whose config.json names a ``*ForSequenceClassification`` class but
+    that holds no ``score.weight``. A ``score.weight`` other than ``[1, hidden]``
+    (``num_labels`` > 1) is refused. Call on every rank (megatron checkpoints load
+    collectively).
     """
     from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, checkpoint_path, checkpoint_tensor_keys,
                                                       load_megatron_checkpoint)

@@ -158,12 +158,12 @@ def all_ranks(flag: bool) -> bool:
 
 
 def _actor(model, distopt: bool):
-    from mindspeed_rl.trainer.actor import MegatronActor, OptimizerSettings
+    from mindspeed_rl.config.schema import CriticConfig
+    from mindspeed_rl.trainer.critic import MegatronCritic
 
-    return MegatronActor(model, OptimizerSettings(
-        lr=1e-3, min_lr=0.0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, clip_grad=1e6,
-        lr_decay_style="constant", lr_warmup_fraction=0.0, total_steps=4,
-        use_distributed_optimizer=distopt, bf16=False))
+    return MegatronCritic(model, CriticConfig(lr=1e-3, weight_decay=0.0, adam_beta2=0.999,
+                                              clip_grad=1e6),
+                          total_steps=4, use_distributed_optimizer=distopt, bf16=False)
 
 
 def _micro_batches(arch, seed: int):
@@ -247,10 +247,10 @@ def _train_worker(causal_dir, ckpt_dir, cases):
                       "head_grads": [g for g in head_grads if g is not None],
                       "values": gathered(megatron_forward(actor.model, probe))}
             if name == CHECKPOINT_CASE:
-                save_trainer_checkpoint(ckpt_dir, 1, actor, common={}, hf_files_from=causal_dir,
-                                        architecture=arch.name)
+                save_trainer_checkpoint(ckpt_dir, 1, {"actor": actor}, common={},
+                                        hf_files_from=causal_dir, architecture=arch.name)
                 resumed = _actor(build(sp), distopt)
-                load_trainer_checkpoint(ckpt_dir, resumed)
+                load_trainer_checkpoint(ckpt_dir, {"actor": resumed})
                 result["resumed_values"] = gathered(megatron_forward(resumed.model, probe))
                 second = _micro_batches(arch, seed=2)
                 _, norm_a, _ = _train_step(actor, second)

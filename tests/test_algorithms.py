@@ -103,6 +103,13 @@ def test_overlong_penalty_by_hand():
 def test_groups_with_reward_spread():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
     assert groups_with_reward_spread(rewards, 2).tolist() == [False, True, False]
+    # groups of one sample never carry a signal
+    assert groups_with_reward_spread(torch.tensor([0.0, 1.0, 0.5]), 1).tolist() == [False] * 3
+    assert groups_with_reward_spread(torch.tensor([0.2, 0.2, 0.2, 0.3]), 4).tolist() == [True]
+    with pytest.raises(ValueError, match="row 3 \\(group 1\\) is NaN"):
+        groups_with_reward_spread(torch.tensor([1.0, 0.0, 1.0, float("nan")]), 2)
+    with pytest.raises(ValueError, match="do not split into groups"):
+        groups_with_reward_spread(torch.tensor([1.0, 0.0, 1.0]), 2)
 
 
 # ---- KL ----

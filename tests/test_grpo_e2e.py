@@ -6,21 +6,18 @@ back metrics.jsonl and the checkpoints.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from torchrun_jobs import ROOT, run_job, training_rows
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
 REQUIRED_KEYS = [
     "iteration", "timing/all", "timing/rollout", "timing/resharding_to_infer",
@@ -44,21 +41,8 @@ def assets(tmp_path_factory):
 
 
 def launch(assets, run: str, *overrides: str, nproc: int = 2, timeout: int = 600):
-    log_dir = assets["root"] / run / "logs"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           str(ROOT / "pretrain_grpo.py"), "--config", str(CONFIG),
-           f"megatron_training.model={assets['model']}",
-           f"megatron_training.data_path={assets['data']}",
-           f"megatron_training.log_dir={log_dir}", *overrides]
-    proc = subprocess.run(cmd, cwd=assets["root"], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return proc, rows
-
-
-def training_rows(rows):
-    return {r["iteration"]: r for r in rows if "timing/all" in r}
+    return run_job(assets, run, *overrides, launcher="pretrain_grpo.py", config=CONFIG,
+                   nproc=nproc, timeout=timeout)
 
 
 @pytest.mark.parametrize("layout", [

@@ -8,6 +8,7 @@ Default: one PNG per group, skipping groups with no data —
   throughput.png  throughput/* (one panel per key)
   timings.png     timing/* (one line per phase; timing/all dashed)
   loss.png        actor/pg_loss, actor/entropy, actor/grad_norm (one panel per key)
+  critic.png      critic/vf_loss, critic/explained_variance, critic/vpred_mean (PPO)
 With --keys, one PNG per listed key instead (named after the key, '/' -> '_').
 """
 
@@ -66,6 +67,8 @@ _GROUPS = (
     _Group("timings", "phase wall time (s); nested phases overlap", _timing_keys, shared_axes=True),
     _Group("loss", "actor", _present("actor/pg_loss", "actor/entropy", "actor/grad_norm"),
            shared_axes=False),
+    _Group("critic", "critic (PPO)", _present("critic/vf_loss", "critic/explained_variance",
+                                              "critic/vpred_mean"), shared_axes=False),
 )
 
 

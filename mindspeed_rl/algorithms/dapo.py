@@ -31,10 +31,19 @@ def overlong_penalty(response_lengths: torch.Tensor, max_response_length: int,
 def groups_with_reward_spread(rewards: torch.Tensor, n_samples_per_prompt: int) -> torch.Tensor:
     """Dynamic sampling: which prompt groups carry a learning signal.
 
-    A group whose ``n_samples_per_prompt`` rewards are all equal has zero
-    group-normalised advantages, so DAPO drops it and samples more prompts.
+    A group whose ``n_samples_per_prompt`` values are all equal has zero
+    group-normalised advantages, so DAPO drops it and samples more prompts. A group
+    of one sample never has a spread. NaN values are an error (a verifier that
+    returned NaN would otherwise decide silently).
 
     rewards: [num_groups * n] (samples of one prompt consecutive) -> [num_groups] bool
     """
+    if torch.isnan(rewards).any():
+        bad = int(torch.nonzero(torch.isnan(rewards.reshape(-1)))[0])
+        raise ValueError(f"dynamic sampling: the filter metric of row {bad} (group "
+                         f"{bad // n_samples_per_prompt}) is NaN")
+    if rewards.numel() % n_samples_per_prompt:
+        raise ValueError(f"{rewards.numel()} values do not split into groups of "
+                         f"n_samples_per_prompt={n_samples_per_prompt}")
     grouped = rewards.reshape(-1, n_samples_per_prompt)  # [num_groups, n]
     return grouped.max(dim=1).values > grouped.min(dim=1).values

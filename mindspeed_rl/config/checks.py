@@ -28,6 +28,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_ranges(config)
     _check_algorithm(config)
     _check_roles(config)
+    _check_dapo(config)
     _check_lengths(config)
 
 
@@ -210,6 +211,32 @@ def _check_roles(config: RLJobConfig) -> None:
         _require(reward.weight != 0, "reward_config.weight", reward.weight,
                  "a reward model with weight 0 only costs time", "give it a non-zero weight, or "
                  "remove reward_config")
+
+
+def _check_dapo(config: RLJobConfig) -> None:
+    rl, sampling = config.rl_config, config.sampling_config
+    if rl.filter_groups_enable:
+        _require(config.algorithm == "grpo", "rl_config.filter_groups_enable", True,
+                 "dynamic sampling filters GRPO groups (pretrain_grpo.py); PPO's advantages do "
+                 "not vanish with equal rewards", "set filter_groups_enable: false")
+        _require(rl.n_samples_per_prompt >= 2, "rl_config.filter_groups_enable", True,
+                 f"with n_samples_per_prompt={rl.n_samples_per_prompt} every group has one "
+                 "sample: none has a spread, so dynamic sampling would drop them all",
+                 "use n_samples_per_prompt >= 2, or filter_groups_enable: false")
+        metrics = ["reward", *rl.verifier_function]
+        _require(rl.filter_groups_metric in metrics, "rl_config.filter_groups_metric",
+                 rl.filter_groups_metric, "is neither reward nor one of "
+                 f"rl_config.verifier_function {list(rl.verifier_function)}",
+                 f"use one of {metrics}")
+    _require(rl.max_num_gen_batches >= 0, "rl_config.max_num_gen_batches",
+             rl.max_num_gen_batches, "must not be negative", "use 0 (no limit) or a positive "
+             "number of generation rounds")
+    _require(0 <= rl.overlong_buffer_len < sampling.max_tokens, "rl_config.overlong_buffer_len",
+             rl.overlong_buffer_len, f"must be in [0, generate_config.sampling_config.max_tokens="
+             f"{sampling.max_tokens}) (the penalty starts at max_tokens - overlong_buffer_len)",
+             f"use e.g. {sampling.max_tokens // 4}, or 0 to turn the penalty off")
+    _require(rl.overlong_penalty_factor >= 0, "rl_config.overlong_penalty_factor",
+             rl.overlong_penalty_factor, "must not be negative", "use e.g. 1.0")
 
 
 def _check_lengths(config: RLJobConfig) -> None:

@@ -187,6 +187,25 @@ class RLConfig:
                                                    "reference log-probs")
     critic_forward_micro_batch_size: int = setting(1, "responses per micro-batch when "
                                                       "computing the critic's values (PPO)")
+    filter_groups_enable: bool = setting(False, (
+        "DAPO dynamic sampling: drop the groups whose filter_groups_metric is equal for all "
+        "their samples (no learning signal) and generate on fresh prompts until "
+        "megatron_training.global_batch_size informative groups are collected"))
+    filter_groups_metric: str = setting("reward", (
+        "what dynamic sampling compares within a group: reward (the sequence reward) or the "
+        "name of one of rl_config.verifier_function"))
+    max_num_gen_batches: int = setting(0, "generation rounds per iteration at most with dynamic "
+                                          "sampling; 0 = no limit")
+    filter_groups_shortfall: Literal["error", "fill"] = setting("error", (
+        "when max_num_gen_batches rounds gave too few informative groups: error (stop the run "
+        "and say so) or fill (continue with uninformative groups, zero advantage, and log it)"))
+    overlong_buffer_len: int = setting(0, (
+        "DAPO overlong reward shaping: responses longer than max_tokens - overlong_buffer_len "
+        "lose up to overlong_penalty_factor, linearly; 0 = off"))
+    overlong_penalty_factor: float = setting(1.0, "the overlong penalty at max_tokens")
+    log_sample_flow: bool = setting(False, (
+        "write the row ids every rank received from each TransferDock get to "
+        "megatron_training.log_dir/sample_flow/rank<N>.jsonl (debugging the sample flow)"))
     use_tensorboard: bool = setting(False, "also write tensorboard events to "
                                            "megatron_training.log_dir")
     use_wandb: bool = setting(False, "also log to Weights & Biases")

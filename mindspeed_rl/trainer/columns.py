@@ -7,7 +7,8 @@ row metadata a later partial rollout needs is already here: the rollout
 log-probs, the ``finish_reason``, the ``weight_version`` that generated each row
 and its ``group_id`` / ``sample_idx``.
 
-Shapes are per row: ``[P]`` prompt tokens, ``[R]`` response tokens, ``[]`` one value.
+Shapes are per row: ``[P]`` prompt tokens, ``[R]`` response tokens, ``[V]`` one value per
+verifier, ``[]`` one value.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class ContractError(RuntimeError):
 class Column:
     name: str
     dtype: torch.dtype
-    shape: str  # "[P]", "[R]" or "[]"
+    shape: str  # "[P]", "[R]", "[V]" or "[]"
     producers: tuple[str, ...]
     consumers: tuple[str, ...]
     doc: str
@@ -55,14 +56,17 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
            f"index into {FINISH_REASONS} (truncated responses are counted)"),
     Column("weight_version", torch.int64, "[]", ("rollout",), ("update",),
            "actor optimizer steps when the row was generated (on-policy check)"),
-    Column("group_id", torch.int64, "[]", ("rollout",), ("adv",),
+    Column("group_id", torch.int64, "[]", ("rollout",), ("dynamic_sampling", "adv"),
            "unique id of the prompt's group of n samples (grows across iterations)"),
     Column("sample_idx", torch.int64, "[]", ("rollout",), ("adv",),
            "which of the n samples of its group the row is"),
     Column("rm_scores", torch.float32, "[]", ("reward_model",), ("reward",),
            "the reward model's score of the whole response"),
-    Column("rewards", torch.float32, "[]", ("reward",), ("adv", "gae"),
-           "sequence reward: weighted verifiers (+ weighted reward-model score)"),
+    Column("rewards", torch.float32, "[]", ("reward",), ("dynamic_sampling", "adv", "gae"),
+           "sequence reward: weighted verifiers (+ weighted reward-model score, overlong "
+           "penalty)"),
+    Column("verifier_scores", torch.float32, "[V]", ("reward",), ("dynamic_sampling",),
+           "each rl_config.verifier_function's unweighted score"),
     Column("values", torch.float32, "[R]", ("values",), ("gae", "critic_update"),
            "the critic's value before each response token"),
     Column("logprobs_old", torch.float32, "[R]", ("old_log_p",), ("gae", "update"),

@@ -29,12 +29,14 @@ class SampleFlow:
 
     def __init__(self, dock: TransferDock, phases: Sequence[str],
                  layouts: Mapping[str, ConsumerLayout],
-                 columns: Mapping[str, Column] = COLUMNS) -> None:
+                 columns: Mapping[str, Column] = COLUMNS, *, trace: bool = False) -> None:
         self.dock = dock
         self.phases = tuple(phases)
         self.layouts = dict(layouts)
         self.columns = dict(columns)
         self.active = active_columns(self.phases, self.columns)
+        # With ``trace``: {consumer: row ids this rank received} since the last retire_all.
+        self.trace: dict[str, list[int]] | None = {} if trace else None
 
     def _column(self, phase: str, name: str, role: str) -> Column:
         col = self.columns.get(name)
@@ -74,8 +76,11 @@ class SampleFlow:
         times, e.g. one update per epoch, names each pass)."""
         for name in columns:
             self._column(phase, name, "get")
-        return self.dock.get(consumer or phase, list(columns), rows_per_dp_rank,
-                             self.layouts[layout], whole_groups=whole_groups)
+        batch = self.dock.get(consumer or phase, list(columns), rows_per_dp_rank,
+                              self.layouts[layout], whole_groups=whole_groups)
+        if self.trace is not None and batch is not None:
+            self.trace.setdefault(consumer or phase, []).extend(batch.rows)
+        return batch
 
     def put(self, phase: str, batch: DockBatch | None,
             columns: Mapping[str, Sequence[torch.Tensor]]) -> None:
@@ -84,6 +89,13 @@ class SampleFlow:
         kept = self._checked(phase, columns) if batch is not None else {}
         self.dock.put(kept, rows=batch.rows if kept else [])
 
-    def retire_all(self) -> None:
-        """Every row has reached all its consumers: drop them (ids keep growing)."""
+    def retire(self, rows: Sequence[int]) -> None:
+        """Drop ``rows`` (global ids; every rank passes the same) from the dock."""
+        self.dock.retire(rows)
+
+    def retire_all(self) -> dict[str, list[int]] | None:
+        """Every row has reached all its consumers: drop them (ids keep growing). Returns
+        (and resets) the trace of this rank's gets, when tracing."""
         self.dock.retire(None)
+        trace, self.trace = self.trace, ({} if self.trace is not None else None)
+        return trace

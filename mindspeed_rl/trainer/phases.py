@@ -14,7 +14,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages, kl_penalty,
+from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages,
+                                     groups_with_reward_spread, kl_penalty, overlong_penalty,
                                      token_level_rewards, whiten)
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.rewards import compute_rewards
@@ -90,10 +91,10 @@ def rollout(t) -> dict[str, float]:
     first = t.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
     first_group = t.state.groups_generated + first
     t.state.groups_generated += len(indices)
-    # One seed per (iteration, prompt of the batch): a resumed run samples what the
-    # uninterrupted run sampled.
-    seeds = [(mt.seed * 1_000_003 + t.iteration * 10_007 + first + i) % 2**31
-             for i in range(len(mine))]
+    # One seed per (iteration, generation round, prompt of the batch): a resumed run samples
+    # what the uninterrupted run sampled.
+    seeds = [(mt.seed * 1_000_003 + t.iteration * 10_007 + t.generation_round * 1_000_033
+              + first + i) % 2**31 for i in range(len(mine))]
     prompts = [t.train_data[i].prompt_ids for i in mine]
     result = t.roles.rollout.generate(prompts, n, t.config.sampling_config, seeds=seeds,
                                       use_tqdm=t.rank == 0)
@@ -146,7 +147,7 @@ def reward(t) -> dict[str, float]:
         columns.append("rm_scores")
     batch = t.flow.get("reward", columns, t.plan.batch.responses_per_generation_dp_rank,
                        "gen_writers")
-    totals, per_verifier, truncated = [], {}, []
+    totals, per_verifier, truncated, overlong = [], {}, [], []
     if batch is not None:
         texts = [t.tokenizer.decode(r, skip_special_tokens=True) for r in batch["response_ids"]]
         answers = [t.train_data[int(i)].answer for i in batch["prompt_index"]]
@@ -154,10 +155,19 @@ def reward(t) -> dict[str, float]:
                                               rl.verifier_weight)
         if "rm_scores" in columns:
             total = total + t.config.reward_config.weight * torch.stack(batch["rm_scores"])
+        if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
+            penalty = overlong_penalty(
+                torch.tensor([len(r) for r in batch["response_ids"]]),
+                t.config.sampling_config.max_tokens, rl.overlong_buffer_len,
+                rl.overlong_penalty_factor)
+            total, overlong = total + penalty, penalty.tolist()
         totals = total.tolist()
         truncated = [float(int(f) == FINISH_REASONS.index("length"))
                      for f in batch["finish_reason"]]
-        t.flow.put("reward", batch, {"rewards": list(total.float().unbind())})
+        scores = torch.stack([per_verifier[v] for v in rl.verifier_function], dim=1) \
+            if rl.verifier_function else torch.zeros(len(totals), 0)
+        t.flow.put("reward", batch, {"rewards": list(total.float().unbind()),
+                                     "verifier_scores": list(scores.float().unbind())})
     else:
         t.flow.put("reward", None, {})
     writer = batch is not None
@@ -166,7 +176,77 @@ def reward(t) -> dict[str, float]:
         scores = per_verifier[name].tolist() if writer else []
         metrics[f"reward/{name}"] = global_stats("v", scores, writer)["v/mean"]
     metrics["response/truncated_fraction"] = global_stats("f", truncated, writer)["f/mean"]
+    if rl.overlong_buffer_len:
+        metrics["reward/overlong_penalty"] = global_stats("p", overlong, writer)["p/mean"]
     return metrics
+
+
+def dynamic_sampling(t) -> dict[str, float]:
+    """DAPO: drop the groups whose filter metric is equal for all their samples (zero
+    advantage, no signal) and generate on fresh prompts until ``global_batch_size``
+    informative groups are in the dock (or ``max_num_gen_batches`` rounds ran out).
+
+    The dropped rows leave the TransferDock; so do informative groups beyond the batch.
+    The reward and length metrics of the iteration describe its first round.
+    """
+    rl, gbs = t.config.rl_config, t.plan.batch.prompts_per_iteration
+    generation = t.phases[:[p.name for p in t.phases].index("dynamic_sampling")]
+    kept, dropped = [], []  # [(group_id, [row ids])], in generation order, same on every rank
+    rounds, generated = 1, 0
+    while True:
+        new = _classify_new_groups(t)
+        generated += len(new)
+        kept += [(g, rows) for g, rows, informative in new if informative]
+        dropped += [(g, rows) for g, rows, informative in new if not informative]
+        if len(kept) >= gbs:
+            break
+        if rl.max_num_gen_batches and rounds >= rl.max_num_gen_batches:
+            message = (f"dynamic sampling: {len(kept)} of {gbs} informative groups after "
+                       f"max_num_gen_batches={rl.max_num_gen_batches} rounds of {gbs} prompts")
+            if rl.filter_groups_shortfall == "error":
+                raise ValueError(f"{message} (rl_config.filter_groups_shortfall: error); raise "
+                                 "max_num_gen_batches, or set filter_groups_shortfall: fill")
+            fill = gbs - len(kept)
+            kept, dropped = kept + dropped[-fill:], dropped[:-fill]
+            if t.rank == 0:
+                print(f"{message}: continuing with {fill} uninformative groups (zero "
+                      "advantage; rl_config.filter_groups_shortfall: fill)", flush=True)
+            break
+        t.generation_round = rounds
+        rounds += 1
+        for phase in generation:  # another round on fresh prompts
+            with t.timers.phase(phase.name):
+                phase.run(t)
+    kept, extra = kept[:gbs], kept[gbs:]
+    t.flow.retire(sorted(r for _, rows in dropped + extra for r in rows))
+    if t.flow.trace is not None:
+        t.flow.trace["dynamic_sampling/kept"] = sorted(r for _, rows in kept for r in rows)
+    return {"dynamic_sampling/num_gen_batches": float(rounds),
+            "dynamic_sampling/kept_group_fraction": min(len(kept), gbs) / max(generated, 1)}
+
+
+def _classify_new_groups(t) -> list[tuple[int, list[int], bool]]:
+    """(group_id, row ids, informative) of the groups generated since the last call, every
+    rank's, ordered by group id."""
+    rl, n = t.config.rl_config, t.config.rl_config.n_samples_per_prompt
+    by_reward = rl.filter_groups_metric == "reward"
+    column = "rewards" if by_reward else "verifier_scores"
+    batch = t.flow.get("dynamic_sampling", [column, "group_id"],
+                       t.plan.batch.responses_per_generation_dp_rank, "gen_writers",
+                       whole_groups=True)
+    mine = []
+    if batch is not None:
+        values = torch.stack(batch[column])
+        if not by_reward:
+            values = values[:, list(rl.verifier_function).index(rl.filter_groups_metric)]
+        groups = torch.stack(batch["group_id"])
+        order = torch.argsort(groups, stable=True)  # whole groups: n rows per group id
+        informative = groups_with_reward_spread(values[order], n).tolist()
+        rows = torch.tensor(batch.rows)[order].view(-1, n).tolist()
+        mine = [(int(g), r, f) for g, r, f in zip(groups[order][::n].tolist(), rows, informative)]
+    everyone = [None] * t.world
+    dist.all_gather_object(everyone, mine)
+    return sorted(g for part in everyone for g in part)
 
 
 def group_advantages(t) -> dict[str, float]:

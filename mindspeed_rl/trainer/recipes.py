@@ -1,12 +1,14 @@
 """Algorithms as ordered lists of phases over one column contract.
 
-    GRPO: reshard -> rollout -> reshard -> [reward model] -> reward -> group advantages
-          -> [old log-probs] -> [reference] -> actor update
+    GRPO: reshard -> rollout -> reshard -> [reward model] -> reward -> [dynamic sampling]
+          -> group advantages -> [old log-probs] -> [reference] -> actor update
     PPO:  reshard -> rollout -> reshard -> [reward model] -> reward -> values
           -> [old log-probs] -> [reference] -> GAE -> critic update -> actor update
 
 Phases in brackets run only when the job needs them (a reward model is
-configured, more than one optimizer step per iteration, a KL term).
+configured, DAPO's dynamic sampling, more than one optimizer step per iteration, a
+KL term). Dynamic sampling repeats the phases before it on fresh prompts until the
+batch holds enough informative groups.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in (
     Phase("resharding_to_train", p.resharding_to_train),
     Phase("reward_model", p.reward_model, lambda config, plan: config.reward_config is not None),
     Phase("reward", p.reward),
+    Phase("dynamic_sampling", p.dynamic_sampling,
+          lambda config, plan: config.rl_config.filter_groups_enable),
     Phase("adv", p.group_advantages),
     Phase("values", p.values),
     Phase("old_log_p", p.old_logprobs, _old_logprobs_needed),
@@ -49,7 +53,7 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in (
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "grpo": ("resharding_to_infer", "rollout", "resharding_to_train", "reward_model", "reward",
-             "adv", "old_log_p", "reference_model", "update"),
+             "dynamic_sampling", "adv", "old_log_p", "reference_model", "update"),
     "ppo": ("resharding_to_infer", "rollout", "resharding_to_train", "reward_model", "reward",
             "values", "old_log_p", "reference_model", "gae", "critic_update", "update"),
 }

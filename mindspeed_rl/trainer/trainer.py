@@ -57,10 +57,10 @@ class RLTrainer:
         self.phases = phases_of(config, plan)
         self.flow = SampleFlow(
             build_transfer_dock(rl.transfer_dock_mode, timeout_s=rl.transfer_dock_timeout_s),
-            [p.name for p in self.phases], _layouts(plan.layout))
+            [p.name for p in self.phases], _layouts(plan.layout), trace=rl.log_sample_flow)
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))
-        self.iteration = 0  # the iteration being run
+        self.iteration = self.generation_round = 0  # the iteration being run, its round
         if resume:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
@@ -107,12 +107,15 @@ class RLTrainer:
     def run_iteration(self, iteration: int) -> dict[str, float]:
         """One iteration: the algorithm's phases in order; returns and logs its metrics."""
         self.iteration = iteration
+        self.generation_round = 0  # dynamic sampling generates more rounds
         metrics: dict[str, float] = {}
         with self.timers.phase("all"):
             for phase in self.phases:
                 with self.timers.phase(phase.name):
                     metrics.update(phase.run(self))
-            self.flow.retire_all()
+            trace = self.flow.retire_all()
+            if trace is not None:
+                self._write_trace(iteration, trace)
             self.state.iteration = iteration
             mt = self.config.megatron_training
             if mt.save_interval and iteration % mt.save_interval == 0 \
@@ -123,6 +126,15 @@ class RLTrainer:
         metrics.update(self._throughput(metrics))
         self.logger.log(iteration, metrics)
         return metrics
+
+    def _write_trace(self, iteration: int, trace: dict[str, list[int]]) -> None:
+        """``rl_config.log_sample_flow``: the rows this rank received, per consumer."""
+        import json
+
+        folder = os.path.join(self.config.megatron_training.log_dir, "sample_flow")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank{self.rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"iteration": iteration, "rows": trace}) + "\n")
 
     def _throughput(self, m: dict[str, float]) -> dict[str, float]:
         dock = self.flow.dock.metrics

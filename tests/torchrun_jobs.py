@@ -1,0 +1,36 @@
+"""Run a launcher exactly as a user does (a subprocess under torchrun) and read back its
+metrics.jsonl: shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_job(assets: dict, run: str, *overrides: str, launcher: str, config: Path,
+            nproc: int = 2, timeout: int = 900, check: bool = True):
+    """``torchrun --nproc_per_node nproc LAUNCHER --config CONFIG`` with the tiny model, the
+    data and ``assets['root']/run/logs`` as log_dir; returns (process, metrics rows)."""
+    log_dir = assets["root"] / run / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           str(ROOT / launcher), "--config", str(config),
+           f"megatron_training.model={assets['model']}",
+           f"megatron_training.data_path={assets['data']}",
+           f"megatron_training.log_dir={log_dir}", *overrides]
+    proc = subprocess.run(cmd, cwd=assets["root"], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if not check:
+        return proc, []
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return proc, rows
+
+
+def training_rows(rows: list[dict]) -> dict[int, dict]:
+    """The rows of training iterations (not evaluations), by iteration."""
+    return {r["iteration"]: r for r in rows if "timing/all" in r}

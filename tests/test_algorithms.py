@@ -112,6 +112,10 @@ def test_kl_estimators_by_hand():
     ref = torch.tensor([[-2.0, -1.0]])  # logp - ref = [1, -1]
     close(kl_penalty(logp, ref, "k1"), [[1.0, -1.0]])
     close(kl_penalty(logp, ref, "k2"), [[0.5, 0.5]])
+    # MindSpeed-RL's names
+    close(kl_penalty(logp, ref, "kl"), [[1.0, -1.0]])
+    close(kl_penalty(logp, ref, "abs"), [[1.0, 1.0]])
+    close(kl_penalty(logp, ref, "mse"), [[0.5, 0.5]])
     # exp(ref - logp) - (ref - logp) - 1: [e^-1 + 1 - 1, e^1 - 1 - 1]
     close(kl_penalty(logp, ref, "low_var_kl"), [[0.3678794, 0.7182818]])
     close(kl_penalty(logp, ref, "k3"), [[0.3678794, 0.7182818]])

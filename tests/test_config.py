@@ -260,7 +260,7 @@ def test_overrides_apply(job):
 
 
 def test_effective_config_round_trips(job, tmp_path):
-    config = load_config(job(), ["rl_config.verifier_function=[a,b]",
+    config = load_config(job(), ["rl_config.verifier_function=[math_answer,step]",
                                  "rl_config.verifier_weight=[1,2]"])
     dumped = tmp_path / "effective.yaml"
     dumped.write_text(yaml.safe_dump(config.to_dict()))
@@ -287,8 +287,20 @@ def test_misspelled_key_in_file(job):
 
 
 def test_key_in_wrong_section(job):
-    message = error_of(load_config, job(megatron_training={"tensor_model_parallel_size": 2}))
-    assert "did you mean actor_config.tensor_model_parallel_size?" in message
+    message = error_of(load_config, job(generate_config={"n_samples_per_prompt": 2}))
+    assert message == ("generate_config.n_samples_per_prompt: unknown key; it belongs in another "
+                       "section: did you mean rl_config.n_samples_per_prompt?")
+
+
+def test_megatron_keys_in_either_megatron_section(job):
+    """MindSpeed-RL merges megatron_training into actor_config: a Megatron key may sit in
+    either, and actor_config wins."""
+    config = load_config(job(megatron_training={"tensor_model_parallel_size": 4, "lr": 1e-5,
+                                                "no_load_optim": True},
+                             actor_config={"seed": 7, "lr": 2e-5}))
+    assert config.actor_config.tensor_model_parallel_size == 2   # actor_config's own value
+    assert config.actor_config.lr == 2e-5 and config.actor_config.no_load_optim
+    assert config.megatron_training.seed == 7
 
 
 def test_unknown_section(job, tmp_path):
@@ -361,9 +373,19 @@ def test_max_tokens_larger_than_max_model_len(job):
     assert "generate_config.max_model_len=256" in message and "rl_config.max_prompt_length" in message
 
 
-def test_seq_length_too_short(job):
+def test_seq_length_is_the_prompt_data_length(job):
+    """seq_length means what it means in MindSpeed-RL: the prompt data's length, not
+    prompt + response (their configs set it to max_prompt_length)."""
+    config = load_config(job(megatron_training={"seq_length": 256},
+                             rl_config={"max_prompt_length": 256},
+                             generate_config={"max_model_len": 512}))
+    assert config.megatron_training.seq_length == 256
     message = error_of(load_config, job(megatron_training={"seq_length": 128}))
-    assert message.startswith("megatron_training.seq_length=128: cannot hold")
+    assert message.startswith("megatron_training.seq_length=128: is shorter than "
+                              "rl_config.max_prompt_length=256")
+    message = error_of(load_config, job(megatron_training={"seq_length": 1024},
+                                        generate_config={"max_model_len": 512}))
+    assert "exceeds generate_config.max_model_len=512" in message
 
 
 def test_verifier_length_mismatch(job):

@@ -28,6 +28,9 @@ def check_job(config: RLJobConfig) -> None:
     _check_ranges(config)
     _check_algorithm(config)
     _check_lengths(config)
+    _check_training_features(config)
+    _check_generation_features(config)
+    _check_verifiers(config)
 
 
 def _check_model(config: RLJobConfig) -> None:
@@ -158,10 +161,15 @@ def _check_lengths(config: RLJobConfig) -> None:
              f"than generate_config.max_model_len={gen.max_model_len}",
              f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
              f"generate_config.max_model_len to at least {total}")
-    _require(total <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
-             f"cannot hold rl_config.max_prompt_length={prompt} + "
-             f"generate_config.sampling_config.max_tokens={response} = {total} tokens",
-             f"raise seq_length to at least {total}")
+    # seq_length is the prompt data's length in MindSpeed-RL (prompts are read cut to it);
+    # here prompts longer than max_prompt_length are dropped instead, never cut.
+    _require(prompt <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
+             f"is shorter than rl_config.max_prompt_length={prompt}: MindSpeed-RL would cut "
+             "prompts to seq_length tokens; here prompts are never cut (longer ones are "
+             "dropped)", f"raise seq_length to at least {prompt} or lower max_prompt_length")
+    _require(mt.seq_length <= gen.max_model_len, "megatron_training.seq_length", mt.seq_length,
+             f"exceeds generate_config.max_model_len={gen.max_model_len} (MindSpeed-RL checks "
+             "the same)", f"use at most {gen.max_model_len}")
     limit = config.model.max_position_embeddings
     _require(limit is None or gen.max_model_len <= limit, "generate_config.max_model_len",
              gen.max_model_len, f"exceeds the model's max_position_embeddings={limit}",
@@ -188,3 +196,79 @@ def check_data_files(config: RLJobConfig) -> None:
             raise ConfigError(key, "no such file or directory",
                               "check the path (relative paths resolve against the current "
                               f"working directory, {os.getcwd()})", value=value)
+
+
+def _check_training_features(config: RLJobConfig) -> None:
+    from mindspeed_rl.parallel.layout import LayoutError, pipeline_stage_layers
+
+    a, m = config.actor_config, config.model
+    for key, value in (("actor_config.expert_tensor_parallel_size", a.expert_tensor_parallel_size),
+                       ("actor_config.recompute_num_layers", a.recompute_num_layers)):
+        _require(value is None or value > 0, key, value, "must be greater than 0",
+                 "use a positive value or null")
+    _require(a.moe_aux_loss_coeff >= 0, "actor_config.moe_aux_loss_coeff", a.moe_aux_loss_coeff,
+             "must not be negative", "use 0 (none) or a small positive value, e.g. 0.001")
+    _require(a.expert_tensor_parallel_size in (None, a.tensor_model_parallel_size) or m.is_moe,
+             "actor_config.expert_tensor_parallel_size", a.expert_tensor_parallel_size,
+             f"the model ({m.model_type}) has no experts", "remove it for dense models")
+    _require(not a.finetune or a.load is not None, "actor_config.finetune", True,
+             "needs actor_config.load (the checkpoint whose weights the run starts from)",
+             "set load, or finetune: false")
+    stages = [m.num_hidden_layers]
+    if a.num_layer_list is not None:
+        try:
+            stages = pipeline_stage_layers(m.num_hidden_layers, a.pipeline_model_parallel_size,
+                                           a.num_layer_list)
+        except LayoutError as e:
+            raise ConfigError("actor_config.num_layer_list", str(e).split(": ", 1)[-1],
+                              "list one layer count per pipeline stage, adding up to the "
+                              f"model's {m.num_hidden_layers} layers",
+                              value=a.num_layer_list) from None
+    granularity, method, n = a.recompute_granularity, a.recompute_method, a.recompute_num_layers
+    if granularity is None:
+        _require(method is None and n is None, "actor_config.recompute_method"
+                 if method is not None else "actor_config.recompute_num_layers",
+                 method if method is not None else n, "has no effect without "
+                 "actor_config.recompute_granularity", "set recompute_granularity: full")
+    elif granularity == "full":
+        _require(method is not None, "actor_config.recompute_method", method,
+                 "recompute_granularity full needs a method", "use uniform or block")
+        _require(n is not None, "actor_config.recompute_num_layers", n,
+                 "recompute_granularity full needs recompute_num_layers",
+                 "e.g. recompute_num_layers: 1")
+        if method == "block" and a.pipeline_model_parallel_size > 1 or method == "uniform":
+            most = max(stages) if a.num_layer_list else -(
+                -m.num_hidden_layers // a.pipeline_model_parallel_size)
+            _require(n <= most, "actor_config.recompute_num_layers", n,
+                     f"exceeds the {most} layers of a pipeline stage", f"use at most {most}")
+    else:
+        _require(method is None and n is None, "actor_config.recompute_method"
+                 if method is not None else "actor_config.recompute_num_layers",
+                 method if method is not None else n,
+                 "recompute_granularity selective recomputes core attention of every layer",
+                 "remove recompute_method and recompute_num_layers")
+
+
+def _check_generation_features(config: RLJobConfig) -> None:
+    g, m = config.generate_config, config.model
+    _require(g.infer_expert_parallel_size >= 1, "generate_config.infer_expert_parallel_size",
+             g.infer_expert_parallel_size, "must be at least 1", "use 1 (no expert parallelism)")
+    _require(g.infer_expert_parallel_size == 1 or g.enable_expert_parallel,
+             "generate_config.infer_expert_parallel_size", g.infer_expert_parallel_size,
+             "needs generate_config.enable_expert_parallel: true",
+             "enable it, or set infer_expert_parallel_size: 1")
+    _require(not g.enable_expert_parallel or m.is_moe, "generate_config.enable_expert_parallel",
+             True, f"the model ({m.model_type}) has no experts", "set it to false")
+
+
+def _check_verifiers(config: RLJobConfig) -> None:
+    """Every verifier name exists: an unknown one fails here, not after the first rollout."""
+    from mindspeed_rl.rewards.registry import registered_verifiers
+
+    known = registered_verifiers()
+    unknown = [name for name in config.rl_config.verifier_function if name not in known]
+    if unknown:
+        raise ConfigError("rl_config.verifier_function",
+                          f"unknown verifier(s) {unknown}",
+                          f"registered verifiers are {known}",
+                          value=list(config.rl_config.verifier_function))

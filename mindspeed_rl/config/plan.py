@@ -16,7 +16,7 @@ from typing import Any
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.schema import RLJobConfig
-from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
+from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout, pipeline_stage_layers
 
 GIB = 1024 ** 3
 
@@ -30,11 +30,11 @@ _LAYOUT_KEYS = {
     "tensor_model_parallel_size": "actor_config.tensor_model_parallel_size",
     "pipeline_model_parallel_size": "actor_config.pipeline_model_parallel_size",
     "expert_model_parallel_size": "actor_config.expert_model_parallel_size",
-    # expert TP is not configurable here: it follows the dense TP.
-    "expert_tensor_parallel_size": "actor_config.tensor_model_parallel_size",
+    "expert_tensor_parallel_size": "actor_config.expert_tensor_parallel_size",
     "sequence_parallel": "megatron_training.sequence_parallel",
     "infer_tensor_parallel_size": "generate_config.infer_tensor_parallel_size",
     "num_layers": "num_hidden_layers",    # megatron's name; the model files use HF names
+    "num_layer_list": "actor_config.num_layer_list",
 }
 
 
@@ -178,10 +178,11 @@ def accepted_world_sizes(config: RLJobConfig, count: int = 4, limit: int = 8192)
 
 def _world_size_step(config: RLJobConfig) -> int:
     """Every valid world size is a multiple of this (TP x PP, EP x TP x PP and TP_g tile it)."""
-    a = config.actor_config
+    a, g = config.actor_config, config.generate_config
     tp_pp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size
-    return math.lcm(tp_pp, a.expert_model_parallel_size * tp_pp,
-                    config.generate_config.infer_tensor_parallel_size)
+    etp = a.expert_tensor_parallel_size or a.tensor_model_parallel_size
+    return math.lcm(tp_pp, a.expert_model_parallel_size * etp * a.pipeline_model_parallel_size,
+                    g.infer_tensor_parallel_size * g.infer_expert_parallel_size)
 
 
 def _layout_sizes(config: RLJobConfig, world_size: int) -> dict[str, Any]:
@@ -190,6 +191,7 @@ def _layout_sizes(config: RLJobConfig, world_size: int) -> dict[str, Any]:
                 tensor_model_parallel_size=a.tensor_model_parallel_size,
                 pipeline_model_parallel_size=a.pipeline_model_parallel_size,
                 expert_model_parallel_size=a.expert_model_parallel_size,
+                expert_tensor_parallel_size=a.expert_tensor_parallel_size,
                 sequence_parallel=config.megatron_training.sequence_parallel,
                 infer_tensor_parallel_size=config.generate_config.infer_tensor_parallel_size)
 
@@ -202,7 +204,8 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
         smallest = ParallelLayout(**_layout_sizes(config, _world_size_step(config)))
         smallest.check_model(num_attention_heads=m.num_attention_heads,
                              num_query_groups=m.num_kv_heads, num_layers=m.num_hidden_layers,
-                             num_experts=m.num_experts if m.is_moe else None)
+                             num_experts=m.num_experts if m.is_moe else None,
+                             num_layer_list=a.num_layer_list)
         layout = ParallelLayout(**_layout_sizes(config, world_size))
     except LayoutError as e:
         raise ConfigError(None, _with_sections(str(e))) from None
@@ -218,6 +221,19 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
             "instance must get the same number of prompts",
             f"use a multiple of {dp_g} that rl_config.mini_batch_size={mini} divides, e.g. "
             f"{_round_up(gbs, math.lcm(dp_g, mini))}", value=gbs)
+    epg = g.infer_expert_parallel_size
+    if dp_g % epg:
+        raise ConfigError(
+            "generate_config.infer_expert_parallel_size",
+            f"does not divide the generation data-parallel size {dp_g} (world size {world_size} "
+            f"/ generate_config.infer_tensor_parallel_size={tpg}): each expert-parallel group "
+            "spans that many vLLM replicas", f"use a divisor of {dp_g}", value=epg)
+    if g.enable_expert_parallel and m.is_moe and m.num_experts % (tpg * epg):
+        raise ConfigError(
+            "generate_config.infer_expert_parallel_size",
+            f"vLLM's expert-parallel size infer_tensor_parallel_size={tpg} x {epg} = {tpg * epg} "
+            f"does not divide the model's num_experts={m.num_experts}",
+            "choose sizes whose product divides the experts", value=epg)
     dp, mbs = layout.data_parallel_size, a.micro_batch_size
     if (mini * n) % (dp * mbs):
         raise ConfigError(
@@ -255,10 +271,17 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
 
     tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
                   layout.expert_model_parallel_size)
-    dense, expert = params_per_rank(m, tp=tp, pp=pp, ep=ep, expert_tp=layout.expert_tp)
+    stages = pipeline_stage_layers(m.num_hidden_layers, pp, a.num_layer_list)
+    dense, expert = params_per_rank(m, tp=tp, pp=pp, ep=ep, expert_tp=layout.expert_tp,
+                                    stage_layers=stages)
     tpg = layout.infer_tensor_parallel_size
-    # vLLM without expert parallelism shards every expert over its TP ranks.
-    dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
+    if g.enable_expert_parallel and m.is_moe:
+        # vLLM expert parallelism: whole experts over TP_g x infer_expert_parallel_size ranks.
+        dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=tpg * g.infer_expert_parallel_size,
+                                            expert_tp=1)
+    else:
+        # Without it vLLM shards every expert over its TP ranks.
+        dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
     train_params = dense + expert
 
     train_bytes = 2 if mt.bf16 else 4
@@ -332,7 +355,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
 
 
 def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,
-                    expert_tp: int | None = None) -> tuple[int, int]:
+                    expert_tp: int | None = None,
+                    stage_layers: list[int] | None = None) -> tuple[int, int]:
     """Parameters held by the heaviest rank: ``(dense, routed_experts)``.
 
     Megatron shards column/row-parallel weights (q, k, v, o, gate/up/down, the
@@ -356,14 +380,18 @@ def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,
         layer_expert = (model.num_experts // ep) * 3 * h * model.moe_intermediate_size // expert_tp
     else:
         layer_dense += 3 * h * model.intermediate_size // tp
-    layers = -(-model.num_hidden_layers // pp)
+    if stage_layers is None:
+        stage_layers = [-(-model.num_hidden_layers // pp)] * pp
     vocab_shard = -(-padded_vocab_size(model.vocab_size) // tp) * h
     if pp == 1:
+        layers = stage_layers[0]
         dense = vocab_shard * (1 if model.tie_word_embeddings else 2) + layers * layer_dense + h
-    else:
-        first = vocab_shard + layers * layer_dense
-        last = layers * layer_dense + h + vocab_shard
-        dense = max(first, last)
+        return dense, layers * layer_expert
+    heaviest = max(range(pp), key=lambda s: stage_layers[s] * (layer_dense + layer_expert)
+                   + (vocab_shard if s == 0 else 0) + (vocab_shard + h if s == pp - 1 else 0))
+    layers = stage_layers[heaviest]
+    dense = layers * layer_dense + (vocab_shard if heaviest == 0 else 0) + (
+        vocab_shard + h if heaviest == pp - 1 else 0)
     return dense, layers * layer_expert
 
 

@@ -8,6 +8,7 @@ dependent checks (layouts, batch splits over data-parallel ranks) live in
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,7 +221,8 @@ def _check_training_features(config: RLJobConfig) -> None:
             stages = pipeline_stage_layers(m.num_hidden_layers, a.pipeline_model_parallel_size,
                                            a.num_layer_list)
         except LayoutError as e:
-            raise ConfigError("actor_config.num_layer_list", str(e).split(": ", 1)[-1],
+            problem = re.sub(r"^num_layer_list=\S+:? ", "", str(e))
+            raise ConfigError("actor_config.num_layer_list", problem,
                               "list one layer count per pipeline stage, adding up to the "
                               f"model's {m.num_hidden_layers} layers",
                               value=a.num_layer_list) from None

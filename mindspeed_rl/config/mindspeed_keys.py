@@ -137,7 +137,9 @@ ROWS: list[KeyRow] = [
          "use_cp_send_recv_overlap npu_deterministic transformer_impl spec", _KERNEL),
     *_na(MEGATRON, "reuse_fp32_param swap_optimizer swap_attention recompute_activation_function "
          "overlap_grad_reduce overlap_param_gather ddp_bucket_size "
-         "accumulate_allreduce_grads_in_fp32 use_tp_pp_dp_mapping no_shared_storage", _MEMORY),
+         "accumulate_allreduce_grads_in_fp32 use_tp_pp_dp_mapping", _MEMORY),
+    *_na(MEGATRON, "no_shared_storage", "checkpoint storage across nodes: every rank writes "
+         "its own shards into actor_config.save (a shared file system is assumed)"),
     *_na(MEGATRON, "reset_attention_mask no_pad_to_seq_lengths variable_seq_lengths "
          "pad_to_multiple_of reset_position_ids", _PACKING),
     *_na(MEGATRON, "use_mcore_models", "megatron-core models are the only ones here",

@@ -57,6 +57,9 @@ class Plan:
     memory_bytes: dict[str, int]
     phase_bytes: dict[str, int]
     labels: dict[str, str] = field(repr=False)  # memory/phase key -> table label
+    weights: tuple[str, ...] = ()      # which weights the run loads (the stated rule)
+    notices: tuple[str, ...] = ()      # MindSpeed-RL keys accepted without effect, and why
+    infer_expert_parallel_size: int | None = None   # vLLM EP size, None without EP
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready) of every number the table shows."""
@@ -79,6 +82,8 @@ class Plan:
             "parameters": dict(self.parameters),
             "memory_bytes": dict(self.memory_bytes),
             "phase_bytes": dict(self.phase_bytes),
+            "weights": list(self.weights),
+            "notices": list(self.notices),
         }
 
     def format(self, header: str | None = None) -> str:
@@ -99,7 +104,9 @@ class Plan:
                   f"{lay.pipeline_model_parallel_size:>4} {lay.data_parallel_size:>4} "
                   f"{lay.expert_model_parallel_size:>4} {sp:>4}",
                   f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {1:>4} "
-                  f"{lay.infer_data_parallel_size:>4}    -    -", ""]
+                  f"{lay.infer_data_parallel_size:>4} "
+                  f"{self.infer_expert_parallel_size or '-':>4}    -", ""]
+        lines += ["initial weights"] + [f"  {line}" for line in self.weights] + [""]
         rows = [
             ("prompts (megatron_training.global_batch_size)", s["prompts_per_iteration"]),
             ("responses (x rl_config.n_samples_per_prompt)", s["responses_per_iteration"]),
@@ -135,6 +142,10 @@ class Plan:
         for key, value in self.phase_bytes.items():
             lines.append(f"  {self.labels[key]:<{mem_width}}{value / GIB:>9.2f}")
         lines.append("  not included: activations, communication buffers, framework overhead")
+        if self.notices:
+            lines += ["", f"MindSpeed-RL keys translated, or accepted without effect here "
+                          f"({len(self.notices)}):"]
+            lines += [f"  {line}" for line in self.notices]
         return "\n".join(lines)
 
     __str__ = format
@@ -349,9 +360,37 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
              "parameter_counts": counts}
     parameters = {"training_per_rank": train_params, "training_dense_per_rank": dense,
                   "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
+    ref = config.ref_config.load
     return Plan(config_path=config.config_path, world_size=world_size, layout=layout,
                 model=model, samples=samples, parameters=parameters, memory_bytes=memory,
-                phase_bytes=phases, labels=labels)
+                phase_bytes=phases, labels=labels,
+                weights=tuple(_weight_lines(m.hf_dir, a.load, ref, a.finetune,
+                                            rl.init_kl_coef > 0)),
+                notices=config.notices,
+                infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
+                                            if g.enable_expert_parallel and m.is_moe else None))
+
+
+def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, finetune: bool,
+                  kl: bool) -> list[str]:
+    """Which weights the run loads, by the rule of mindspeed_rl.checkpoint.weight_source
+    (stated here without reading any file)."""
+    if load:
+        actor = (f"actor_config.load={load}: resumed if it holds a checkpoint saved here"
+                 + (" (finetune: its weights only, from iteration 0)" if finetune else "")
+                 + ", else its weights")
+        if hf_dir:
+            actor += "; the safetensors of megatron_training.model are not read"
+    elif hf_dir:
+        actor = f"the safetensors of megatron_training.model={hf_dir}"
+    else:
+        actor = "none found: set actor_config.load (megatron_training.model is a model yaml)"
+    lines = [f"actor      {actor}"]
+    if kl:
+        lines.append("reference  " + (f"ref_config.load={ref_load}" if ref_load else
+                                      "the weights the run started from (recorded in every "
+                                      "checkpoint, so a resumed run keeps them)"))
+    return lines
 
 
 def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,

@@ -10,9 +10,7 @@ TransferDock, weights only through the resharder:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +20,7 @@ from mindspeed_rl.data import PromptItem, load_prompt_dataset, slice_per_dp_rank
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
 from mindspeed_rl.rewards import compute_rewards
 from mindspeed_rl.rollout import RolloutEngine, SamplingSettings
+from mindspeed_rl.models.training_options import rollout_options, training_model_options
 from mindspeed_rl.trainer.actor import (MegatronActor, OptimizerSettings, RowBatch,
                                         build_policy_model, forward_logprobs)
 
@@ -46,7 +45,7 @@ class GRPOTrainer:
     def __init__(self, config, platform, layout) -> None:
         from transformers import AutoTokenizer
 
-        from mindspeed_rl.checkpoint.trainer_state import has_training_checkpoint
+        from mindspeed_rl.checkpoint import weight_source
         from mindspeed_rl.models.builder import describe_hf_dir
         from mindspeed_rl.parallel.groups import initialize_megatron_parallel
         from mindspeed_rl.resharding import Resharder, StateSwapper
@@ -59,10 +58,9 @@ class GRPOTrainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # vLLM needs an HF-style directory (config.json + tokenizer); converted and
         # trained checkpoints carry one, so do HF model directories.
-        self.model_dir = config.model.hf_dir or ac.load
-        if not self.model_dir or not os.path.isfile(os.path.join(self.model_dir, "config.json")):
-            raise ValueError("megatron_training.model must be an HF directory, or actor_config.load "
-                             "a checkpoint made by tools/convert_ckpt.py (it holds config.json)")
+        # [issue15 hook] model dir: HF dir, else load, else the tokenizer's HF release dir
+        self.model_dir = weight_source.hf_config_dir(config.model.hf_dir, ac.load,
+                                                     mt.tokenizer_name_or_path)
         self.tokenizer = AutoTokenizer.from_pretrained(mt.tokenizer_name_or_path or self.model_dir)
         self.arch = describe_hf_dir(self.model_dir)
 
@@ -81,30 +79,47 @@ class GRPOTrainer:
         initialize_megatron_parallel(layout, seed=mt.seed)
         dtype = torch.bfloat16 if mt.bf16 else torch.float32
         steps_per_iter = rl.epochs * (mt.global_batch_size // self.mini_batch_size)
-        model = build_policy_model(self.arch, params_dtype=dtype, sequence_parallel=mt.sequence_parallel)
-        resume = has_training_checkpoint(ac.load)
+        model = build_policy_model(self.arch, params_dtype=dtype, sequence_parallel=mt.sequence_parallel,
+                                   **training_model_options(config))  # [issue15 hook]
+        # [issue15 hook] which weights: mindspeed_rl.checkpoint.weight_source (one stated rule)
+        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune)
+        resume = start is None
         if not resume:  # a resumed actor gets its weights from the checkpoint below
-            self._load_initial_weights(model)
+            weight_source.load_weights(model, self.arch, start)
         self.actor = MegatronActor(model, OptimizerSettings(
             lr=ac.lr, min_lr=ac.min_lr, weight_decay=ac.weight_decay, adam_beta1=ac.adam_beta1,
             adam_beta2=ac.adam_beta2, clip_grad=ac.clip_grad, lr_decay_style=ac.lr_decay_style,
             lr_warmup_fraction=ac.lr_warmup_fraction, total_steps=mt.train_iters * steps_per_iter,
             use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16))
-        self.reference = self.ref_swapper = None
+        self.reference = self.ref_swapper = ref_source = None
         if rl.init_kl_coef:
             self.reference = build_policy_model(self.arch, params_dtype=dtype,
-                                                sequence_parallel=mt.sequence_parallel)
-            if resume:  # the reference stays the policy the run started from
-                self._load_initial_weights(self.reference)
-            else:
+                                                sequence_parallel=mt.sequence_parallel,
+                                                **training_model_options(config))
+            # [issue15 hook] the reference stays the policy the run started from
+            ref_source = weight_source.reference_start(
+                config.ref_config.load, start,
+                weight_source.recorded_start(ac.load) if resume else None)
+            if ref_source is start:
                 with torch.no_grad():
                     for p_ref, p in zip(self.reference.parameters(), model.parameters()):
                         p_ref.copy_(p)
+            else:
+                weight_source.load_weights(self.reference, self.arch, ref_source)
             self.reference.requires_grad_(False)
             # The reference sits on host except while it computes log-probs.
             self.ref_swapper = StateSwapper(ByteLedger(), pin_memory=platform.device_type != "cpu")
             self.ref_swapper.refresh({"ref_param": list(self.reference.parameters())})
             self.ref_swapper.offload(["ref_param"])
+
+        # [issue15 hook] recorded in every checkpoint: where the starting policy came from
+        origin = ref_source if rl.init_kl_coef else start
+        self.initial_weights = (origin.to_dict() if origin is not None
+                                else weight_source.recorded_start(ac.load))
+        if self.rank == 0:
+            print(f"actor weights: {'resumed from ' + ac.load if resume else start.describe()}"
+                  + (f"\nreference weights: {ref_source.describe()}" if rl.init_kl_coef else ""),
+                  flush=True)
 
         # ---- rollout engine (generation layout) and the resharder ------------------
         s = gen.sampling_config
@@ -118,7 +133,7 @@ class GRPOTrainer:
             gpu_memory_utilization=gen.gpu_memory_utilization, enforce_eager=gen.enforce_eager,
             dtype=config.generation_dtype,
             seed=s.seed if s.seed is not None else mt.seed, load_format="dummy",
-            device_type=platform.device_type)
+            device_type=platform.device_type, **rollout_options(config))  # [issue15 hook]
         self.resharder = Resharder(
             model=model, model_chunks=self.actor.chunks, optimizer=self.actor.optimizer,
             engine=self.engine, weight_map=self.arch.weight_map,
@@ -373,7 +388,9 @@ class GRPOTrainer:
         if not save:
             return
         save_trainer_checkpoint(save, self.iteration, self.actor,
-                                common={"data": self.train_data.state_dict()},
+                                common={"data": self.train_data.state_dict(),
+                                        # [issue15 hook]
+                                        "initial_weights": self.initial_weights},
                                 hf_files_from=self.model_dir, architecture=self.arch.name)
 
     def _load_checkpoint(self) -> None:
@@ -384,27 +401,6 @@ class GRPOTrainer:
                                          load_rng=not ac.no_load_rng)
         self.iteration = int(common["iteration"])
         self.train_data.load_state_dict(common["data"])
-
-    def _load_initial_weights(self, model) -> None:
-        """The weights the run starts from: HF safetensors of the model directory, else the
-        converted (release) checkpoint in actor_config.load."""
-        hf_dir = self.config.model.hf_dir
-        if hf_dir and any(Path(hf_dir).glob("*.safetensors")):
-            from mindspeed_rl.models.builder import load_hf_weights
-            from mindspeed_rl.models.hf_io import HFCheckpointReader
-
-            load_hf_weights(model, self.arch, HFCheckpointReader(hf_dir))
-            return
-        load = self.config.actor_config.load
-        if load and (Path(load) / "release").is_dir():
-            from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
-
-            load_megatron_checkpoint(model, load, iteration=None)
-            return
-        raise ValueError(
-            "no initial weights: point megatron_training.model to an HF directory with "
-            "safetensors, or actor_config.load to a checkpoint converted by tools/convert_ckpt.py "
-            "(its release/ folder)")
 
     def close(self) -> None:
         self.engine.shutdown()

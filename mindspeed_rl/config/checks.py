@@ -193,8 +193,8 @@ def check_data_files(config: RLJobConfig) -> None:
     mt = config.megatron_training
     for key, value in (("megatron_training.data_path", mt.data_path),
                        ("megatron_training.test_data_path", mt.test_data_path)):
-        if value is not None and not Path(value).exists():
-            raise ConfigError(key, "no such file or directory",
+        if value is not None and not Path(value).exists() and not _indexed_prefix(value):
+            raise ConfigError(key, "no such file, directory or indexed-dataset prefix",
                               "check the path (relative paths resolve against the current "
                               f"working directory, {os.getcwd()})", value=value)
 
@@ -274,3 +274,8 @@ def _check_verifiers(config: RLJobConfig) -> None:
                           f"unknown verifier(s) {unknown}",
                           f"registered verifiers are {known}",
                           value=list(config.rl_config.verifier_function))
+
+
+def _indexed_prefix(path: str) -> bool:
+    """A MindSpeed-RL packed indexed dataset prefix (P_packed_input_ids_document.idx)."""
+    return Path(f"{path}_packed_input_ids_document.idx").is_file()

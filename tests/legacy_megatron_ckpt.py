@@ -61,3 +61,37 @@ def save_legacy_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int, iteratio
             (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     finally:
         destroy_megatron_parallel()
+
+
+def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,
+                               iteration: int) -> None:
+    """Megatron-LM's ``--ckpt-format torch_dist``: dist_checkpointing.save of the model's
+    sharded state dict plus args, iteration and version in common.pt; run on every rank."""
+    from megatron.core import dist_checkpointing
+
+    from mindspeed_rl.models.builder import build_model_from_hf_dir, load_hf_weights
+    from mindspeed_rl.models.hf_io import HFCheckpointReader
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
+    from mindspeed_rl.parallel.layout import ParallelLayout
+    from mindspeed_rl.platform import setup_platform
+
+    setup_platform()
+    initialize_megatron_parallel(ParallelLayout(world_size=dist.get_world_size(),
+                                                tensor_model_parallel_size=tp,
+                                                pipeline_model_parallel_size=pp))
+    try:
+        model, arch, config = build_model_from_hf_dir(hf_dir)
+        load_hf_weights(model, arch, HFCheckpointReader(hf_dir))
+        folder = Path(out_dir) / f"iter_{iteration:07d}"
+        if dist.get_rank() == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        args = argparse.Namespace(num_layers=config.num_layers, tensor_model_parallel_size=tp,
+                                  pipeline_model_parallel_size=pp, ckpt_format="torch_dist")
+        dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args,
+                                 "iteration": iteration, "checkpoint_version": 3.0}, str(folder))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    finally:
+        destroy_megatron_parallel()

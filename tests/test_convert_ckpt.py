@@ -239,3 +239,25 @@ def test_legacy_checkpoint_that_would_run_code_is_refused(legacy_qwen2, tmp_path
     torch.save(state, bad)
     with pytest.raises(CheckpointError, match=r"holds objects of type datetime\.datetime"):
         read_legacy_file(bad)
+
+
+def test_convert_megatron_lm_torch_dist_checkpoint_to_hf(tmp_path):
+    """Megatron-LM's torch_dist format (no config.json, args pickled in common.pt), saved
+    at TP=2, converts to HF with the architecture from --hf-config-dir."""
+    import torch
+    from legacy_megatron_ckpt import save_torch_dist_checkpoint
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.testing import run_on_ranks
+
+    hf_dir = make_tiny_hf_dir("qwen3", tmp_path / "qwen3")
+    load = tmp_path / "megatron_lm_torch_dist"
+    run_on_ranks(save_torch_dist_checkpoint, 2, str(hf_dir), str(load), 2, 1, 4)
+    out = tmp_path / "hf"
+    proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original, converted = load_file(str(hf_dir / "model.safetensors")), load_file(
+        str(out / "model.safetensors"))
+    assert sorted(original) == sorted(converted)
+    for name, tensor in original.items():
+        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)

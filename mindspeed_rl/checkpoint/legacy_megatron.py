@@ -36,7 +36,7 @@ MODEL_FILE = "model_optim_rng.pt"
 _RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
 
 
-def _allowed_globals() -> list:
+def allowed_globals() -> list:
     """The non-tensor types a Megatron checkpoint holds: its args and the RNG states."""
     import numpy as np
 
@@ -75,14 +75,14 @@ def read_legacy_file(path: str | Path) -> dict:
     """
     path = Path(path)
     try:
-        with torch.serialization.safe_globals(_allowed_globals()):
+        with torch.serialization.safe_globals(allowed_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - the unpickler's message names the global
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
         except Exception:  # noqa: BLE001 - unreadable as a torch zip at all
             unsafe = []
-        allowed = {f"{t.__module__}.{t.__qualname__}" for t in _allowed_globals()}
+        allowed = {f"{t.__module__}.{t.__qualname__}" for t in allowed_globals()}
         refused = [g for g in unsafe if g not in allowed]
         if refused:
             raise CheckpointError(

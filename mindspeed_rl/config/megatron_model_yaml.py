@@ -38,6 +38,12 @@ _REQUIRED = {
     "moe_router_score_function": ("softmax",), "moe_router_enable_expert_bias": (False,),
     "use_mcore_models": (True,), "make_vocab_size_divisible_by": (1,),
     "moe_router_load_balancing_type": ("aux_loss", "none"),
+    # multi-latent attention (DeepSeek-V3) and RoPE scaling are not built here
+    **{key: (None,) for key in (
+        "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+        "rope_scaling_factor", "low_freq_factor", "high_freq_factor",
+        "original_max_position_embeddings", "beta_fast", "beta_slow", "rope_scaling_mscale",
+        "rope_scaling_mscale_all_dim", "rope_scaling_original_max_position_embeddings")},
 }
 # Kernel and implementation choices with no effect on the function computed.
 _IGNORED = frozenset({

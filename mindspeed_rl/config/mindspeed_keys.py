@@ -185,6 +185,8 @@ ROWS: list[KeyRow] = [
          "vocab_extra_ids make_vocab_size_divisible_by", _DATA_PREP + "; the vocabulary is "
          "padded to a multiple of 128 internally and the pad columns are masked"),
     *_na(MEGATRON, "algorithm", "the launcher decides the algorithm"),
+    *_na(MEGATRON, "use_rotary_position_embeddings", "every architecture built here uses "
+         "rotary position embeddings (from the model's config)"),
     *_na(MEGATRON, "moe_router_load_balancing_type", "with moe_aux_loss_coeff 0 no balancing "
          "loss is added; aux_loss is megatron-core's own", _one_of("aux_loss", "none", None),
          "aux_loss or none"),
@@ -194,7 +196,7 @@ ROWS: list[KeyRow] = [
          "max_position_embeddings rotary_base norm_epsilon add_qkv_bias qk_layernorm "
          "num_experts moe_ffn_hidden_size moe_router_topk padded_vocab_size "
          "position_embedding_type normalization swiglu disable_bias_linear attention_bias "
-         "use_rotary_position_embeddings norm_topk_prob multi_latent_attention "
+         "norm_topk_prob multi_latent_attention "
          "n_shared_experts first_k_dense_replace moe_layer_freq seq_aux "
          "moe_router_num_groups moe_router_group_topk moe_router_topk_scaling_factor "
          "moe_router_score_function moe_router_enable_expert_bias qk_pos_emb_head_dim "
@@ -318,8 +320,8 @@ def typo_hint(name: str, candidates, prefix: str = "") -> str | None:
 
 
 def not_applicable_error(dotted: str, value: Any, r: KeyRow) -> ConfigError:
-    return ConfigError(dotted, f"cannot be honoured here: {r.detail}", f"use {r.needs} or "
-                       "remove the key", value=value)
+    return ConfigError(dotted, f"cannot be honoured here: {r.detail}", f"accepted: {r.needs}; "
+                       "or remove the key", value=value)
 
 
 def notice_line(dotted: str, value: Any, r: KeyRow) -> str:

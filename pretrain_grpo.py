@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    from mindspeed_rl.checkpoint.errors import CheckpointError
     from mindspeed_rl.parallel.groups import init_distributed, teardown_distributed
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.trainer import GRPOTrainer
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "ranks (memory figures are estimates)"), flush=True)
         trainer = GRPOTrainer(config, platform, plan.layout)
         trainer.train()
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, CheckpointError) as error:  # [issue15 hook] + CheckpointError
         # Bad input found while building (a dataset row, a tokenizer, a checkpoint): every
         # rank reads the same files and fails alike, so report once and exit.
         if dist.get_rank() == 0:

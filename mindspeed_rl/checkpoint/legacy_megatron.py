@@ -13,8 +13,9 @@ Each file is a ``torch.save`` of ``{"args": argparse.Namespace, "iteration", "mo
 state dict of that rank's GPTModel shard, "rng_state", "optimizer", ...}``. A pickle can
 run code on load, and a checkpoint is a file from elsewhere: it is read with
 ``torch.load(weights_only=True)`` and an explicit allow-list for the only non-tensor
-objects Megatron stores (its argument namespace and numpy's RNG state). Anything else
-is refused, naming the object's type.
+objects Megatron stores (its argument namespace and numpy's RNG state; megatron-core
+also registers its own small allow-list with torch when imported: its enums, PosixPath,
+BytesIO). Anything else is refused, naming the object's type.
 
 The shards are reassembled into full tensors with the architecture's weight map (TP
 concatenation that knows fused QKV and gate/up layouts, local layer and expert numbers
@@ -82,7 +83,9 @@ def read_legacy_file(path: str | Path) -> dict:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
         except Exception:  # noqa: BLE001 - unreadable as a torch zip at all
             unsafe = []
-        allowed = {f"{t.__module__}.{t.__qualname__}" for t in allowed_globals()}
+        allowed = {f"{t.__module__}.{t.__qualname__}"
+                   for t in allowed_globals() + list(torch.serialization.get_safe_globals())
+                   if hasattr(t, "__qualname__")}
         refused = [g for g in unsafe if g not in allowed]
         if refused:
             raise CheckpointError(

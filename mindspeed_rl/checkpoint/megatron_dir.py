@@ -95,13 +95,12 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
     from megatron.core import dist_checkpointing
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from mindspeed_rl.checkpoint.legacy_megatron import allowed_globals
-
     path = checkpoint_path(mg_dir, iteration)
     try:
-        # Megatron-LM's torch_dist checkpoints pickle their args into common.pt: read it
-        # with the same allow-list as legacy files (torch.load is weights_only by default).
-        with torch.no_grad(), torch.serialization.safe_globals(allowed_globals()):
+        # Megatron-LM's torch_dist checkpoints pickle their args into common.pt; torch.load
+        # is weights_only by default and megatron-core registers its allow-list (its args
+        # Namespace, numpy RNG state, its enums) with torch when it is imported.
+        with torch.no_grad():
             request = model.sharded_state_dict()
             state = dist_checkpointing.load(request, str(path))
             # A trainer checkpoint also holds optimizer, RNG and run state; dist_checkpointing

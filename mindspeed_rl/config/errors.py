@@ -77,5 +77,6 @@ class ConfigErrors(ConfigError):
 
 def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str | None:
     """``did you mean <prefix><closest>?`` for a misspelt name, or None when nothing is close."""
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    # a close misspelling only: a looser match offers keys that merely share words
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.85)
     return f"did you mean {prefix}{matches[0]}?" if matches else None

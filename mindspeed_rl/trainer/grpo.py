@@ -18,9 +18,9 @@ import torch.distributed as dist
 from mindspeed_rl.algorithms import group_normalized_advantages
 from mindspeed_rl.data import PromptItem, load_prompt_dataset, slice_per_dp_rank
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
+from mindspeed_rl.models.training_options import rollout_options, training_model_options  # [issue15 hook]
 from mindspeed_rl.rewards import compute_rewards
 from mindspeed_rl.rollout import RolloutEngine, SamplingSettings
-from mindspeed_rl.models.training_options import rollout_options, training_model_options
 from mindspeed_rl.trainer.actor import (MegatronActor, OptimizerSettings, RowBatch,
                                         build_policy_model, forward_logprobs)
 

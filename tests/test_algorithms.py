@@ -119,6 +119,10 @@ def test_kl_estimators_by_hand():
     ref = torch.tensor([[-2.0, -1.0]])  # logp - ref = [1, -1]
     close(kl_penalty(logp, ref, "k1"), [[1.0, -1.0]])
     close(kl_penalty(logp, ref, "k2"), [[0.5, 0.5]])
+    # MindSpeed-RL's names
+    close(kl_penalty(logp, ref, "kl"), [[1.0, -1.0]])
+    close(kl_penalty(logp, ref, "abs"), [[1.0, 1.0]])
+    close(kl_penalty(logp, ref, "mse"), [[0.5, 0.5]])
     # exp(ref - logp) - (ref - logp) - 1: [e^-1 + 1 - 1, e^1 - 1 - 1]
     close(kl_penalty(logp, ref, "low_var_kl"), [[0.3678794, 0.7182818]])
     close(kl_penalty(logp, ref, "k3"), [[0.3678794, 0.7182818]])
@@ -135,7 +139,8 @@ def test_low_var_kl_is_clamped_and_finite():
 
 
 def test_unknown_kl_names_valid_ones():
-    with pytest.raises(ValueError, match=r"'k4'.*\['k1', 'k2', 'low_var_kl', 'k3'\]"):
+    with pytest.raises(ValueError, match=r"'k4'.*\['k1', 'kl', 'abs', 'k2', 'mse', 'low_var_kl', "
+                                         r"'k3'\]"):
         kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
 
 
@@ -362,3 +367,74 @@ def test_adaptive_kl_controller_by_hand():
     assert restored.value == ctl.value
     with pytest.raises(ValueError, match="kl_ctrl_type"):
         KLController(0.1, "pid")
+
+
+# ---- DAPO / Dr.GRPO / GSPO: aggregation exact over splits, sequence ratios, IS weights ----
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
+def test_every_loss_agg_mode_is_exact_over_micro_batches_and_dp_ranks(mode):
+    """5 rows split unevenly: rank 0 holds rows 0-2 as micro-batches [0], [1, 2]; rank 1
+    holds rows 3-4 as one micro-batch. With the global token and sequence counts the shares
+    add up to the unsplit batch's loss, and so do the gradients."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [1, 5, 3, 7, 2]
+    mask = torch.zeros(5, 7)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    logp = (-torch.rand(5, 7, generator=g)).requires_grad_(True)
+    old = -torch.rand(5, 7, generator=g)
+    adv = torch.randn(5, generator=g)
+    common = dict(num_tokens_global=float(mask.sum()), num_seqs_global=5.0, norm_length=7.0)
+    whole, _ = policy_loss(logp, old, adv, mask, 0.2, 0.28, mode, **common)
+    (grad_whole,) = torch.autograd.grad(whole, logp)
+    total = torch.zeros(())
+    for rows in ([0], [1, 2], [3, 4]):
+        share, _ = policy_loss(logp[rows], old[rows], adv[rows], mask[rows], 0.2, 0.28, mode,
+                               **common)
+        total = total + share
+    (grad_split,) = torch.autograd.grad(total, logp)
+    close(total, whole, tol=1e-6)
+    close(grad_split, grad_whole, tol=1e-6)
+
+
+def test_dr_grpo_normalises_by_a_constant_length():
+    loss_mat = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # (1/2) * ((1+2+3)/8 + 4/8) with the generation budget 8
+    close(agg_loss(loss_mat, mask, "seq-mean-token-sum-norm", norm_length=8), (6 / 8 + 4 / 8) / 2)
+    with pytest.raises(ValueError, match="norm_length"):
+        agg_loss(loss_mat, mask, "seq-mean-token-sum-norm")
+
+
+def test_gspo_uses_the_sequence_ratio_and_clips_it():
+    # row 0: log-ratios [ln 1.5, ln 1.0] -> s = exp(mean) = sqrt(1.5) = 1.2247, A = +1
+    #        clip-high 0.1 -> capped at 1.1 (clipped branch, no gradient)
+    # row 1: log-ratios [ln 0.99, ln 1.01, ln 1.0] -> s = (0.99*1.01)^(1/3) = 0.99997, A = -1
+    #        inside [0.9, 1.1]: unclipped, every token gets gradient -A*s/N
+    logp = torch.log(torch.tensor([[1.5, 1.0, 1.0], [0.99, 1.01, 1.0]])).requires_grad_(True)
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, stats = policy_loss(logp, old, adv, mask, 0.1, 0.1, "seq-mean-token-mean",
+                              ratio_level="sequence")
+    s1 = (0.99 * 1.01) ** (1 / 3)
+    close(loss, ((-1.1 - 1.1) / 2 + (s1 * 3) / 3) / 2, tol=1e-5)
+    close(stats["pg_clipfrac"], 2 / 5)
+    (grad,) = torch.autograd.grad(loss, logp)
+    close(grad, [[0.0, 0.0, 0.0], [s1 / 3 / 2] * 3], tol=1e-5)
+
+
+def test_truncated_is_weights_cap_the_rollout_ratio():
+    from mindspeed_rl.algorithms import truncated_is_weights
+
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.1]]))
+    # ratios old/rollout = [2, 0.5, 9] -> capped at 3
+    close(truncated_is_weights(old, rollout, 3.0), [[2.0, 0.5, 3.0]])
+    logp = torch.zeros(1, 3, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 3), torch.ones(1), torch.ones(1, 3), 0.2, 0.2,
+                          is_weights=torch.tensor([[2.0, 0.5, 3.0]]))
+    close(loss, -(2.0 + 0.5 + 3.0) / 3)
+    with pytest.raises(ValueError, match="rollout_is_threshold"):
+        truncated_is_weights(old, rollout, 0.0)

@@ -260,7 +260,7 @@ def test_overrides_apply(job):
 
 
 def test_effective_config_round_trips(job, tmp_path):
-    config = load_config(job(), ["rl_config.verifier_function=[a,b]",
+    config = load_config(job(), ["rl_config.verifier_function=[math_answer,step]",
                                  "rl_config.verifier_weight=[1,2]"])
     dumped = tmp_path / "effective.yaml"
     dumped.write_text(yaml.safe_dump(config.to_dict()))
@@ -287,8 +287,20 @@ def test_misspelled_key_in_file(job):
 
 
 def test_key_in_wrong_section(job):
-    message = error_of(load_config, job(megatron_training={"tensor_model_parallel_size": 2}))
-    assert "did you mean actor_config.tensor_model_parallel_size?" in message
+    message = error_of(load_config, job(generate_config={"n_samples_per_prompt": 2}))
+    assert message == ("generate_config.n_samples_per_prompt: unknown key; it belongs in another "
+                       "section: did you mean rl_config.n_samples_per_prompt?")
+
+
+def test_megatron_keys_in_either_megatron_section(job):
+    """MindSpeed-RL merges megatron_training into actor_config: a Megatron key may sit in
+    either, and actor_config wins."""
+    config = load_config(job(megatron_training={"tensor_model_parallel_size": 4, "lr": 1e-5,
+                                                "no_load_optim": True},
+                             actor_config={"seed": 7, "lr": 2e-5}))
+    assert config.actor_config.tensor_model_parallel_size == 2   # actor_config's own value
+    assert config.actor_config.lr == 2e-5 and config.actor_config.no_load_optim
+    assert config.megatron_training.seed == 7
 
 
 def test_unknown_section(job, tmp_path):
@@ -361,9 +373,19 @@ def test_max_tokens_larger_than_max_model_len(job):
     assert "generate_config.max_model_len=256" in message and "rl_config.max_prompt_length" in message
 
 
-def test_seq_length_too_short(job):
+def test_seq_length_is_the_prompt_data_length(job):
+    """seq_length means what it means in MindSpeed-RL: the prompt data's length, not
+    prompt + response (their configs set it to max_prompt_length)."""
+    config = load_config(job(megatron_training={"seq_length": 256},
+                             rl_config={"max_prompt_length": 256},
+                             generate_config={"max_model_len": 512}))
+    assert config.megatron_training.seq_length == 256
     message = error_of(load_config, job(megatron_training={"seq_length": 128}))
-    assert message.startswith("megatron_training.seq_length=128: cannot hold")
+    assert message.startswith("megatron_training.seq_length=128: is shorter than "
+                              "rl_config.max_prompt_length=256")
+    message = error_of(load_config, job(megatron_training={"seq_length": 1024},
+                                        generate_config={"max_model_len": 512}))
+    assert "exceeds generate_config.max_model_len=512" in message
 
 
 def test_verifier_length_mismatch(job):
@@ -452,3 +474,38 @@ def test_bad_ppo_values_name_the_key(job, override, expected):
         path, ["critic_config.lr=1e-5", "megatron_training.train_iters=10", override],
         algorithm="ppo"), 2))
     assert expected in config_error
+
+
+@pytest.mark.parametrize("name, world, tp, ep", [("dapo_qwen25_7b", 16, 4, 1),
+                                                 ("dapo_qwen3_30b_a3b", 16, 4, 8)])
+def test_dapo_configs_dry_run_at_their_world_size(monkeypatch, name, world, tp, ep):
+    monkeypatch.chdir(REPO)
+    config = load_config(REPO / "configs" / f"{name}.yaml", check_data=False)
+    rl = config.rl_config
+    assert rl.filter_groups_enable and rl.overlong_buffer_len > 0 and rl.init_kl_coef == 0
+    assert (rl.policy_loss == "gspo") == (ep > 1)
+    plan = make_plan(config, world).to_dict()
+    train = plan["layout"]["training"]
+    assert (train["tensor_model_parallel_size"], train["expert_model_parallel_size"]) == (tp, ep)
+    assert plan["samples"]["prompts_per_generation_round"] == rl.gen_batch_size
+    assert plan["phase_bytes"]["training_phase"] < 48 * GIB
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("rl_config.clip_ratio_high=0.1", "rl_config.clip_ratio_high=0.1: is smaller than "
+                                      "rl_config.clip_ratio_low=0.2"),
+    ("rl_config.loss_agg_mode=token-sum", "rl_config.loss_agg_mode='token-sum' (command-line "
+                                          "override): not an accepted value; use one of: "
+                                          "token-mean"),
+    ("rl_config.policy_loss=gpo", "rl_config.policy_loss='gpo' (command-line override): not an "
+                                  "accepted value; use one of: vanilla, gspo"),
+    ("rl_config.overlong_buffer_len=64", "rl_config.overlong_buffer_len=64: must be in [0, "
+                                         "generate_config.sampling_config.max_tokens=64)"),
+    ("rl_config.n_samples_per_prompt=1", "rl_config.filter_groups_enable=true: with "
+                                         "n_samples_per_prompt=1 every group has one sample"),
+    ("rl_config.clip_ratio_c=1.0", "rl_config.clip_ratio_c=1.0: the dual-clip bound must be "
+                                   "greater than 1"),
+])
+def test_bad_dapo_values_fail_before_any_process_group(job, override, expected):
+    path = job(rl_config={"filter_groups_enable": True})
+    assert expected in error_of(load_config, path, [override])

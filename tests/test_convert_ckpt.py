@@ -152,3 +152,112 @@ def test_gguf_to_hf_matches_transformers_gguf_greedy(smollm2):
         del model
     assert completions["hf"] == completions["gguf"]
     assert all(c.strip() for c in completions["hf"])
+
+
+# ---- Megatron-LM / MindSpeed-LLM legacy checkpoints ----------------------------------------
+
+def _legacy_at_pp2_body(hf_dir, load):
+    """Load a legacy checkpoint saved at TP=2 into a PP=2 model; max |logits - HF logits|."""
+    from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
+    from mindspeed_rl.models.builder import build_model_from_hf_dir
+    from mindspeed_rl.models.parity import (max_abs_diff_global, megatron_logits, random_tokens,
+                                            transformers_logits)
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
+    from mindspeed_rl.parallel.layout import ParallelLayout
+    from mindspeed_rl.platform import setup_platform
+
+    setup_platform()
+    initialize_megatron_parallel(ParallelLayout(world_size=2, pipeline_model_parallel_size=2))
+    try:
+        model, arch, _ = build_model_from_hf_dir(hf_dir)
+        load_legacy_megatron_checkpoint(model, arch, load)
+        tokens = random_tokens(arch.vocab_size, 2, 12)
+        logits = megatron_logits(model, tokens)
+        diff = None
+        if logits is not None:
+            diff = logits[..., :arch.vocab_size] - transformers_logits(hf_dir, tokens)
+        return max_abs_diff_global(diff)
+    finally:
+        destroy_megatron_parallel()
+
+
+@pytest.fixture(scope="module")
+def legacy_qwen2(tmp_path_factory):
+    """A tiny qwen2 HF dir and a Megatron-LM legacy checkpoint of it saved at TP=2."""
+    from legacy_megatron_ckpt import save_legacy_checkpoint
+
+    from mindspeed_rl.testing import run_on_ranks
+
+    root = tmp_path_factory.mktemp("legacy")
+    hf_dir = make_tiny_hf_dir("qwen2", root / "qwen2")
+    load = root / "megatron_lm_tp2"
+    run_on_ranks(save_legacy_checkpoint, 2, str(hf_dir), str(load), 2, 1, 7)
+    return hf_dir, load
+
+
+def test_legacy_checkpoint_loads_at_another_layout(legacy_qwen2):
+    from mindspeed_rl.testing import run_on_ranks
+
+    hf_dir, load = legacy_qwen2
+    assert sorted(p.name for p in (load / "iter_0000007").iterdir()) == ["mp_rank_00", "mp_rank_01"]
+    diffs = run_on_ranks(_legacy_at_pp2_body, 2, str(hf_dir), str(load))
+    assert diffs[0] < 1e-4, diffs   # fused QKV and gate/up shards reassembled exactly
+
+
+def test_convert_legacy_checkpoint_to_hf(legacy_qwen2, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    hf_dir, load = legacy_qwen2
+    out = tmp_path / "hf"
+    proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original, converted = load_file(str(hf_dir / "model.safetensors")), load_file(
+        str(out / "model.safetensors"))
+    assert sorted(original) == sorted(converted)
+    for name, tensor in original.items():
+        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+    # without the architecture: one clear error
+    proc = _convert("mg", "hf", load, tmp_path / "hf2")
+    _assert_failed_cleanly(proc, tmp_path / "hf2", "no config.json", "--hf-config-dir")
+
+
+def test_legacy_checkpoint_that_would_run_code_is_refused(legacy_qwen2, tmp_path):
+    import datetime
+
+    import torch
+
+    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.checkpoint.legacy_megatron import read_legacy_file
+
+    _, load = legacy_qwen2
+    good = load / "iter_0000007" / "mp_rank_00" / "model_optim_rng.pt"
+    state = read_legacy_file(good)    # args namespace and numpy RNG state are allowed
+    assert state["iteration"] == 7 and state["args"].tensor_model_parallel_size == 2
+    state["args"].created = datetime.datetime(2025, 1, 1)
+    bad = tmp_path / "model_optim_rng.pt"
+    torch.save(state, bad)
+    with pytest.raises(CheckpointError, match=r"holds objects of type datetime\.datetime"):
+        read_legacy_file(bad)
+
+
+def test_convert_megatron_lm_torch_dist_checkpoint_to_hf(tmp_path):
+    """Megatron-LM's torch_dist format (no config.json, args pickled in common.pt), saved
+    at TP=2, converts to HF with the architecture from --hf-config-dir."""
+    import torch
+    from legacy_megatron_ckpt import save_torch_dist_checkpoint
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.testing import run_on_ranks
+
+    hf_dir = make_tiny_hf_dir("qwen3", tmp_path / "qwen3")
+    load = tmp_path / "megatron_lm_torch_dist"
+    run_on_ranks(save_torch_dist_checkpoint, 2, str(hf_dir), str(load), 2, 1, 4)
+    out = tmp_path / "hf"
+    proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    original, converted = load_file(str(hf_dir / "model.safetensors")), load_file(
+        str(out / "model.safetensors"))
+    assert sorted(original) == sorted(converted)
+    for name, tensor in original.items():
+        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)

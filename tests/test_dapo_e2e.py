@@ -93,3 +93,17 @@ def test_too_few_informative_groups_stop_or_fill(assets):
     assert "continuing with" in proc.stdout and "uninformative groups" in proc.stdout
     row = training_rows(rows)[1]
     assert row["dynamic_sampling/num_gen_batches"] == 1
+
+
+def test_logprob_mismatch_shows_a_broken_weight_sync(assets):
+    """Healthy fp32: vLLM's log-probs equal megatron's within 1e-3. With one layer's MLP left
+    out of the weight push (vLLM keeps its placeholder weights there) the metric jumps."""
+    plain = ["megatron_training.train_iters=1", "rl_config.filter_groups_enable=false"]
+    _, healthy = _grpo(assets, "healthy", *plain)
+    _, broken = run_job(assets, "stale", *DAPO, *plain, launcher="pretrain_grpo.py",
+                        config=CONFIG,
+                        env={"MINDSPEED_RL_INJECT_STALE_WEIGHTS": r"layers\.1\.mlp\."})
+    assert training_rows(healthy)[1]["rollout/logprob_abs_diff_max"] < 1e-3
+    assert training_rows(broken)[1]["rollout/logprob_abs_diff_max"] > 0.1
+    assert training_rows(broken)[1]["rollout/logprob_abs_diff_mean"] > \
+        10 * training_rows(healthy)[1]["rollout/logprob_abs_diff_mean"]

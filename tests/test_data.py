@@ -264,3 +264,44 @@ def test_preprocess_tool_round_trip(tmp_path, capsys):
     assert tool.main(["--input", source, "--output", str(out_all), "--tokenizer", str(tok_dir),
                       "--no-progress"]) == 0
     assert load_prompt_dataset(str(out_all), None, 10).num_dropped == 2
+
+
+def test_indexed_dataset_written_by_the_tool_and_read_back(tmp_path, capsys):
+    """MindSpeed-RL's packed indexed format: the tool writes it with megatron-core's builder,
+    data_path = its prefix reads the same prompts and answers as the raw file."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    tok_dir = tmp_path / "tok"
+    make_tokenizer().save_pretrained(str(tok_dir))
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    source = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    prefix = tmp_path / "packed" / "data"
+    tool = _load_tool("preprocess_data")
+    assert tool.main(["--input", source, "--output-prefix", str(prefix), "--tokenizer",
+                      str(tok_dir), "--no-progress"]) == 0
+    assert "wrote 3 prompts" in capsys.readouterr().out
+    for field in ("input_ids", "attention_mask", "labels"):
+        assert (tmp_path / "packed" / f"data_packed_{field}_document.idx").is_file()
+    direct = load_prompt_dataset(source, tok, 64, shuffle=False)
+    stored = IndexedDataset(f"{prefix}_packed_input_ids_document")
+    assert [stored[i].tolist() for i in range(len(stored))] == [it.prompt_ids for it in direct]
+    packed = load_prompt_dataset(str(prefix), tok, 64, shuffle=False)
+    assert [(it.prompt_ids, it.answer) for it in packed] == \
+           [(it.prompt_ids, it.answer) for it in direct]
+    assert [it.answer for it in packed] == ["7", "20", "b"]
+    # the length filter applies as to any prompt file
+    assert load_prompt_dataset(str(prefix), tok, 10).num_dropped == 2
+
+
+def test_indexed_dataset_without_labels(tmp_path):
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = tmp_path / "data"
+    builder = IndexedDatasetBuilder(f"{prefix}_packed_input_ids_document.bin", dtype=np.int32)
+    builder.add_item(torch.tensor([7, 8, 9]))
+    builder.end_document()
+    builder.finalize(f"{prefix}_packed_input_ids_document.idx")
+    with pytest.raises(FileNotFoundError, match=r"no \['labels'\] field"):
+        load_prompt_dataset(str(prefix), make_tokenizer(), 10)

@@ -41,8 +41,8 @@ def test_extract_final_integer(completion, expected):
 
 
 def test_registry_names_and_unknown_verifier():
-    assert {"math_answer", "integer_answer", "format"} <= set(registered_verifiers())
-    with pytest.raises(ValueError, match=r"'accuracy'.*\['format', 'integer_answer', "
+    assert {"math_answer", "integer_answer", "final_answer_format"} <= set(registered_verifiers())
+    with pytest.raises(ValueError, match=r"'accuracy'.*'final_answer_format'.*'integer_answer'.*"
                                          r"'math_answer'"):
         get_verifier("accuracy")
     with pytest.raises(ValueError, match="unknown verifier 'nope'"):
@@ -99,16 +99,83 @@ def test_math_answer_outside_the_main_thread():
     ("\\boxed{}", False),
     ("", False),
 ])
-def test_format(completion, expected):
+def test_final_answer_format(completion, expected):
     assert has_final_answer_format(completion) is expected
-    assert get_verifier("format")(completion, "ignored") == float(expected)
+    assert get_verifier("final_answer_format")(completion, "ignored") == float(expected)
 
 
 def test_compute_rewards_weights_and_per_verifier():
     responses = ["37 + 6 = 43. So the answer is 43.", "The sum of 37 and 6 is 43.",
                  "37 + 6 = 44", ""]
-    total, per = compute_rewards(responses, ["43"] * 4, ["integer_answer", "format"], [1.0, 0.1])
+    total, per = compute_rewards(responses, ["43"] * 4, ["integer_answer", "final_answer_format"],
+                                 [1.0, 0.1])
     torch.testing.assert_close(per["integer_answer"], torch.tensor([1.0, 1.0, 0.0, 0.0]))
-    torch.testing.assert_close(per["format"], torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    torch.testing.assert_close(per["final_answer_format"], torch.tensor([1.0, 0.0, 1.0, 0.0]))
     torch.testing.assert_close(total, torch.tensor([1.1, 1.0, 0.1, 0.0]))
     assert total.dtype == torch.float32 and total.shape == (4,)
+
+
+# ---- MindSpeed-RL's verifiers, by their names and scoring rules ------------------------------
+
+R1 = "<think>37 plus 6 is 43</think> <answer>The answer is \\boxed{43}</answer>"
+
+
+@pytest.mark.parametrize("name, response, answer, expected", [
+    # math_17k_acc / acc_for_ppo: the last box, graded (string normal form or sympy)
+    ("math_17k_acc", "so \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("math_17k_acc", "\\boxed{1/2}", "0.5", 1.0),
+    ("math_17k_acc", "\\boxed{42} then \\boxed{43}", "43", 1.0),
+    ("math_17k_acc", "43", "43", 0.0),                  # no box
+    ("math_17k_acc", "\\boxed{44}", "43", 0.0),
+    ("acc_for_ppo", "\\boxed{43}", "43", 1.0),
+    # base_acc: the think/answer/boxed shape, then the box
+    ("base_acc", R1, "43", 1.0),
+    ("base_acc", "The answer is \\boxed{43}", "43", 0.0),
+    ("base_acc", R1.replace("43}", "44}"), "43", 0.0),
+    # math_verify_reward: the same shape, then math-verify against \boxed{answer}
+    ("math_verify_reward", R1, "43", 1.0),
+    ("math_verify_reward", R1.replace("\\boxed{43}", "\\boxed{\\frac{86}{2}}"), "43", 1.0),
+    ("math_verify_reward", "\\boxed{43}", "43", 0.0),
+    # acc_for_dapo: the last "Answer:" line, Minerva-normalised, +1 / -1
+    ("acc_for_dapo", "so 37+6=43.\nAnswer: 43", "43", 1.0),
+    ("acc_for_dapo", "Answer: 44\nAnswer: $43$ dollars", "43", 1.0),
+    ("acc_for_dapo", "Answer: 1,000", "1000", 1.0),
+    ("acc_for_dapo", "Answer: x = \\frac12", "\\frac{1}{2}", 1.0),
+    ("acc_for_dapo", "Answer: 44", "43", -1.0),
+    ("acc_for_dapo", "\\boxed{43}", "43", -1.0),      # no Answer line
+    ("acc_for_dapo", "Answer: 43" + " padding" * 50, "43", -1.0),  # outside the last 300 chars
+    # retool_reward: the last box of the last 100 characters, exact
+    ("retool_reward", "\\boxed{43}", "43", 1.0),
+    ("retool_reward", "\\boxed{43.0}", "43", -1.0),
+    # acc: +1 / -0.5 / -1
+    ("acc", "<|im_start|>assistant\n\\boxed{43}<|im_end|>\\boxed{7}", "43", 1.0),
+    ("acc", "\\boxed{44}", "43", -0.5),
+    ("acc", "43", "43", -1.0),
+    # format: think block then answer block, ending a line
+    ("format", "<think>a</think>\n<answer>43</answer>", None, 1.0),
+    ("format", "<think>a</think><answer>43</answer>\nmore", None, 1.0),
+    ("format", "<answer>43</answer>", None, 0.0),
+    ("format", "x<think>a</think><answer>43</answer>", None, 0.0),
+    # strict_format: each tag once, in order, boxed inside the answer; else -0.5
+    ("strict_format", R1, None, 1.0),
+    ("strict_format", R1 + " ", None, -0.5),
+    ("strict_format", R1.replace("<answer>", "<answer><answer>"), None, -0.5),
+    ("strict_format", "<think>\\boxed{1}</think> <answer>x</answer>", None, -0.5),
+    # step: markers / 3, at most 1
+    ("step", "Step 1: a\nStep 2: b", None, 2 / 3),
+    ("step", "First, a. Second, b. Next, c. Finally, d.", None, 1.0),
+    ("step", "no markers", None, 0.0),
+])
+def test_mindspeed_rl_verifiers(name, response, answer, expected):
+    assert get_verifier(name)(response, answer) == pytest.approx(expected)
+    assert get_verifier(name)(None, answer) in (0.0, -0.5, -1.0)   # never raises
+
+
+def test_minerva_normalisation():
+    from mindspeed_rl.rewards.mindspeed_rl_verifiers import minerva_normalise
+
+    assert minerva_normalise("x = 5 \\text{ cm}") == "5"
+    assert minerva_normalise("\\boxed{12}") == "12"
+    assert minerva_normalise("\\fracab") == "\\frac{a}{b}"
+    assert minerva_normalise("$\\sqrt2$") == "\\sqrt{2}"
+    assert minerva_normalise("10^\\circ") == "10"

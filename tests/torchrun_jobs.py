@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_job(assets: dict, run: str, *overrides: str, launcher: str, config: Path,
-            nproc: int = 2, timeout: int = 900, check: bool = True):
+            nproc: int = 2, timeout: int = 900, check: bool = True, env: dict | None = None):
     """``torchrun --nproc_per_node nproc LAUNCHER --config CONFIG`` with the tiny model, the
     data and ``assets['root']/run/logs`` as log_dir; returns (process, metrics rows)."""
     log_dir = assets["root"] / run / "logs"
@@ -23,7 +23,8 @@ def run_job(assets: dict, run: str, *overrides: str, launcher: str, config: Path
            f"megatron_training.data_path={assets['data']}",
            f"megatron_training.log_dir={log_dir}", *overrides]
     proc = subprocess.run(cmd, cwd=assets["root"], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                          timeout=timeout,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore", **(env or {})))
     if not check:
         return proc, []
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -23,6 +23,10 @@ examples:
   # head (value_head.weight); mg -> hf writes a *ForSequenceClassification directory again
   python tools/convert_ckpt.py --load-model-type hf --save-model-type mg \\
       --load-dir ./Qwen2.5-RM --save-dir ./ckpt/qwen25-rm-mg
+  # a Megatron-LM / MindSpeed-LLM checkpoint (legacy mp_rank_XX files or torch_dist, saved
+  # at any TP/PP/EP) -> HF; the architecture and tokenizer come from the model's HF directory
+  python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
+      --load-dir ./qwen25-7b-tp2-pp2 --hf-config-dir ./Qwen2.5-7B --save-dir ./qwen25-7b-hf
   # GGUF (dequantised through transformers) -> HF or megatron
   python tools/convert_ckpt.py --load-model-type gguf --save-model-type mg \\
       --load-dir "$(python -c 'from mindspeed_rl.checkpoint.gguf import smollm2_gguf_path as p; print(p().parent)')" \\
@@ -48,6 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-dir")
     p.add_argument("--save-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="mg -> hf: dtype of the safetensors (auto: the dtype config.json names)")
+    p.add_argument("--hf-config-dir", default=None,
+                   help="mg -> hf from a Megatron-LM / MindSpeed-LLM checkpoint: the model's HF "
+                        "directory (config.json + tokenizer files); legacy files are read with "
+                        "torch.load(weights_only=True)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
@@ -62,7 +70,7 @@ def main(argv=None) -> int:
     try:
         out = convert(args.load_model_type, args.save_model_type, args.load_dir, args.save_dir,
                       overwrite=args.overwrite, gguf_file=args.gguf_file, dtype=args.save_dtype,
-                      show_progress=not args.no_progress)
+                      show_progress=not args.no_progress, hf_config_dir=args.hf_config_dir)
     except (CheckpointError, UnsupportedArchitectureError, UnsupportedConfigError, ValueError) as exc:
         print(f"convert_ckpt: error: {exc}", file=sys.stderr)
         return 1

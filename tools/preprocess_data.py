@@ -1,7 +1,12 @@
 #!/usr/bin/env python
-"""Tokenize a prompt dataset once and write a parquet file the trainer reads directly.
+"""Tokenize a prompt dataset once and write a file the trainer reads directly.
 
-The output has a `prompt_ids` column (chat template applied, prompts longer than
+Two output formats: `--output FILE.parquet`, or `--output-prefix P` for MindSpeed-RL's
+packed Megatron indexed dataset (P_packed_{input_ids,attention_mask,labels}_document.{bin,idx},
+written with megatron-core's IndexedDatasetBuilder; labels = the answer's token ids), which
+MindSpeed-RL configs name as `data_path: P`.
+
+The parquet output has a `prompt_ids` column (chat template applied, prompts longer than
 --max-prompt-length dropped), `prompt_text` (the rendered prompt) and the answer
 column under --answer-key. Point megatron_training.data_path at it: the trainer
 sees the `prompt_ids` column and skips tokenization. The tokenizer, length limit
@@ -16,10 +21,13 @@ import os
 import sys
 
 EPILOG = """\
-example:
+examples:
   python tools/preprocess_data.py --input data/gsm8k/train.jsonl \\
       --output data/gsm8k/train.tokenized.parquet --tokenizer ./Qwen2.5-0.5B-Instruct \\
       --max-prompt-length 256 --answer-key answer
+  # MindSpeed-RL's packed indexed format (data_path: data/gsm8k/train)
+  python tools/preprocess_data.py --input data/gsm8k/train.jsonl \\
+      --output-prefix data/gsm8k/train --tokenizer ./Qwen2.5-0.5B-Instruct
 """
 
 
@@ -27,7 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help=".jsonl/.json/.parquet file or directory")
-    p.add_argument("--output", required=True, help="output .parquet file")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--output", help="output .parquet file")
+    out.add_argument("--output-prefix", help="output prefix of a MindSpeed-RL packed indexed "
+                                             "dataset (.bin/.idx per field)")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (HF format)")
     p.add_argument("--prompt-key", default="prompt")
     p.add_argument("--answer-key", default="answer")
@@ -43,9 +54,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def preprocess(input_path: str, output_path: str, tokenizer, *, prompt_key: str = "prompt",
                answer_key: str = "answer", max_prompt_length: int | None = None,
                apply_chat_template: bool = True, system_prompt: str | None = None,
-               progress: bool = True) -> tuple[int, int]:
+               progress: bool = True, output_format: str = "parquet") -> tuple[int, int]:
     """Write the tokenized prompts of ``input_path`` to ``output_path``.
 
+    output_format: ``parquet`` (a file) or ``indexed`` (``output_path`` is the prefix of
+    MindSpeed-RL's packed indexed dataset; answers stored as token ids).
     returns: (prompts written, prompts dropped as too long)
     """
     import pyarrow as pa
@@ -65,6 +78,12 @@ def preprocess(input_path: str, output_path: str, tokenizer, *, prompt_key: str 
         ids_column.append(ids)
         text_column.append(text)
         answer_column.append(raw.answer)
+    if output_format == "indexed":
+        from mindspeed_rl.data.indexed import write_indexed_prompts
+
+        answers = tokenizer(answer_column, add_special_tokens=False)["input_ids"] if (
+            answer_column) else []
+        return write_indexed_prompts(output_path, zip(ids_column, answers)), num_dropped
     table = pa.table({PROMPT_IDS_COLUMN: pa.array(ids_column, type=pa.list_(pa.int32())),
                       PROMPT_TEXT_COLUMN: pa.array(text_column, type=pa.string()),
                       answer_key: pa.array(answer_column, type=pa.string())})
@@ -87,14 +106,16 @@ def main(argv=None) -> int:
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         written, dropped = preprocess(
-            args.input, args.output, tokenizer, prompt_key=args.prompt_key,
+            args.input, args.output or args.output_prefix, tokenizer, prompt_key=args.prompt_key,
             answer_key=args.answer_key, max_prompt_length=args.max_prompt_length,
             apply_chat_template=not args.no_chat_template, system_prompt=args.system_prompt,
-            progress=not args.no_progress)
+            progress=not args.no_progress,
+            output_format="indexed" if args.output_prefix else "parquet")
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {written} prompts to {args.output} ({dropped} dropped as longer than "
+    print(f"wrote {written} prompts to {args.output or args.output_prefix + '_packed_*'} "
+          f"({dropped} dropped as longer than "
           f"--max-prompt-length={args.max_prompt_length})")
     return 0
 

@@ -16,7 +16,8 @@ from mindspeed_rl.algorithms.kl_controller import KLController
 from mindspeed_rl.algorithms.logprobs import (logprobs_from_logits,
                                               logprobs_from_vocab_parallel_logits)
 from mindspeed_rl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from mindspeed_rl.algorithms.policy_loss import LOSS_AGG_MODES, agg_loss, policy_loss
+from mindspeed_rl.algorithms.policy_loss import (LOSS_AGG_MODES, agg_loss, policy_loss,
+                                                 truncated_is_weights)
 from mindspeed_rl.algorithms.value_loss import value_loss
 
 __all__ = [
@@ -24,6 +25,6 @@ __all__ = [
     "entropy_from_logits", "entropy_from_vocab_parallel_logits", "gae_advantages",
     "group_normalized_advantages", "groups_with_reward_spread", "kl_penalty",
     "logprobs_from_logits", "logprobs_from_vocab_parallel_logits", "masked_mean", "masked_sum",
-    "masked_var", "masked_whiten", "overlong_penalty", "policy_loss", "token_level_rewards",
+    "masked_var", "masked_whiten", "overlong_penalty", "policy_loss", "token_level_rewards", "truncated_is_weights",
     "value_loss", "whiten",
 ]

@@ -3,8 +3,9 @@
 Schulman's estimators (http://joschu.net/blog/kl-approx.html) of KL(pi || pi_ref)
 from samples of pi, with log-ratio x = logp - logp_ref:
 
-- ``k1``: x                                (unbiased, high variance, can be < 0)
-- ``k2``: 0.5 * x^2                        (biased, low variance)
+- ``k1`` (MindSpeed-RL / verl name ``kl``): x   (unbiased, high variance, can be < 0)
+- ``abs``: |x|                                   (MindSpeed-RL's, biased)
+- ``k2`` (MindSpeed-RL name ``mse``): 0.5 * x^2  (biased, low variance)
 - ``low_var_kl`` (alias ``k3``): exp(-x) + x - 1 = exp(ref - logp) - (ref - logp) - 1
   (unbiased and always >= 0). As in verl, ref - logp is clamped to [-20, 20] before
   the exp and the result to [-10, 10], so one badly off-policy token cannot
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "low_var_kl", "k3")
 
 
 def kl_penalty(logprobs: torch.Tensor, logprobs_ref: torch.Tensor, kind: str) -> torch.Tensor:
@@ -27,9 +28,11 @@ def kl_penalty(logprobs: torch.Tensor, logprobs_ref: torch.Tensor, kind: str) ->
     returns: [batch, resp_len] (not masked; aggregate with ``agg_loss``/``masked_mean``).
     """
     log_ratio = logprobs - logprobs_ref  # [batch, resp_len]
-    if kind == "k1":
+    if kind in ("k1", "kl"):
         return log_ratio
-    if kind == "k2":
+    if kind == "abs":
+        return log_ratio.abs()
+    if kind in ("k2", "mse"):
         return 0.5 * log_ratio.square()
     if kind in ("low_var_kl", "k3"):
         ref_minus_logp = torch.clamp(-log_ratio, min=-20.0, max=20.0)

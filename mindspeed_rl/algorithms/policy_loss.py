@@ -12,12 +12,14 @@ import torch
 
 from mindspeed_rl.algorithms.masked import masked_mean
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                  "seq-mean-token-sum-norm")
 
 
 def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "token-mean",
              num_tokens_global: float | None = None,
-             num_seqs_global: float | None = None) -> torch.Tensor:
+             num_seqs_global: float | None = None,
+             norm_length: float | None = None) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     - ``token-mean`` (DAPO's token-level loss):
@@ -27,6 +29,9 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "t
       (1 / N_seq) * sum_i [sum_t m_it * l_it / sum_t m_it]
     - ``seq-mean-token-sum``:
       (1 / N_seq) * sum_i sum_t m_it * l_it
+    - ``seq-mean-token-sum-norm`` (Dr. GRPO): the token sum over a constant length,
+      (1 / N_seq) * sum_i sum_t m_it * l_it / L with L = ``norm_length`` (the generation
+      budget, e.g. max_tokens), so a response's weight does not depend on its length
     with N_seq = ``num_seqs_global`` if given, else the number of rows of this batch
     that have at least one response token.
 
@@ -42,11 +47,16 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "t
         if num_tokens_global is None:
             return masked_mean(loss_mat, mask_f)
         return (loss_mat * mask_f).sum() / max(float(num_tokens_global), 1.0)
-    if loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+    if loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         tokens_per_seq = mask_f.sum(dim=-1)  # [batch]
         seq_sums = (loss_mat * mask_f).sum(dim=-1)  # [batch]
         if loss_agg_mode == "seq-mean-token-mean":
             seq_losses = seq_sums / tokens_per_seq.clamp(min=1.0)
+        elif loss_agg_mode == "seq-mean-token-sum-norm":
+            if not norm_length or norm_length <= 0:
+                raise ValueError("seq-mean-token-sum-norm needs norm_length > 0 (the "
+                                 "generation budget, e.g. max_tokens)")
+            seq_losses = seq_sums / float(norm_length)
         else:
             seq_losses = seq_sums
         if num_seqs_global is None:
@@ -58,10 +68,28 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "t
                      f"{list(LOSS_AGG_MODES)}")
 
 
+def truncated_is_weights(logprobs_old: torch.Tensor, logprobs_rollout: torch.Tensor,
+                         threshold: float) -> torch.Tensor:
+    """Truncated importance weights of the rollout engine's samples (no gradient).
+
+    w_t = min(exp(logp_old_t - logp_rollout_t), threshold): the policy the loss
+    assumes (the training engine's old log-probs) over the one that sampled (vLLM,
+    e.g. in bf16), capped so a few tokens cannot dominate.
+
+    logprobs_old, logprobs_rollout: [batch, resp_len] -> [batch, resp_len]
+    """
+    if threshold <= 0:
+        raise ValueError(f"rollout_is_threshold={threshold} must be > 0")
+    log_w = (logprobs_old - logprobs_rollout).detach().clamp(max=20.0)
+    return torch.exp(log_w).clamp(max=threshold)
+
+
 def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                 loss_agg_mode: str = "token-mean", num_tokens_global: float | None = None,
                 num_seqs_global: float | None = None, clip_ratio_dual: float | None = None,
+                *, ratio_level: str = "token", is_weights: torch.Tensor | None = None,
+                norm_length: float | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss, with asymmetric clipping (DAPO clip-higher).
 
@@ -71,8 +99,15 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
     i.e. for A > 0 the ratio is capped at 1 + clip_ratio_high, for A < 0 at
     1 - clip_ratio_low. With ``clip_ratio_dual`` = c > 1 (dual-clip PPO), tokens with
     A < 0 are further bounded: l_t = min(l_t, -A_t * c).
-    The per-token losses are reduced by ``agg_loss(loss_agg_mode, num_tokens_global,
-    num_seqs_global)``.
+
+    ``ratio_level="sequence"`` is GSPO (Zheng et al. 2025): every token of response i
+    uses the sequence ratio s_i = exp(mean_t(logp_t - logp_old_t)) in value, with the
+    gradient of its own token (s_i * exp(logp_t - sg(logp_t))), clipped as above; its
+    useful clip ranges are small (e.g. 3e-4 / 4e-4).
+
+    ``is_weights`` (truncated importance weights of the rollout engine's samples,
+    `truncated_is_weights`) multiply each token's loss. The per-token losses are reduced
+    by ``agg_loss(loss_agg_mode, num_tokens_global, num_seqs_global, norm_length)``.
 
     logprobs: current policy log-probs of the response tokens (with grad),
     logprobs_old: the behaviour policy's (no grad), both [batch, resp_len];
@@ -93,6 +128,12 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
                          f"and mask {tuple(mask.shape)} must have one shape [batch, resp_len]")
     mask_f = mask.to(logprobs.dtype)
     log_ratio = torch.clamp(logprobs - logprobs_old, min=-20.0, max=20.0)
+    if ratio_level == "sequence":
+        seq_log_ratio = (log_ratio * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1.0)  # [batch]
+        log_ratio = torch.clamp(seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach(),
+                                min=-20.0, max=20.0)
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level {ratio_level!r} is neither token nor sequence")
     ratio = torch.exp(log_ratio)
     losses_unclipped = -advantages * ratio
     losses_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -106,7 +147,10 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
         dual_active = (advantages < 0) & (losses > bound)
         losses = torch.where(dual_active, bound, losses)
         clipped_lower = dual_active.to(logprobs.dtype)
-    loss = agg_loss(losses, mask_f, loss_agg_mode, num_tokens_global, num_seqs_global)
+    if is_weights is not None:
+        losses = losses * is_weights
+    loss = agg_loss(losses, mask_f, loss_agg_mode, num_tokens_global, num_seqs_global,
+                    norm_length)
     with torch.no_grad():
         stats = {
             "pg_loss": loss.detach(),

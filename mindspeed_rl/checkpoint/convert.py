@@ -97,14 +97,19 @@ def convert_hf_to_mg(hf_dir, save_dir, *, overwrite: bool = False, show_progress
 
 
 def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = "auto",
-                     show_progress: bool = False) -> Path:
+                     show_progress: bool = False, hf_config_dir=None) -> Path:
     """Megatron checkpoint directory -> HF directory (config, tokenizer files, safetensors).
 
-    ``dtype="auto"`` writes the dtype config.json names (float32 if none). A checkpoint with
-    a scalar head (``value_head.weight``) is written as ``*ForSequenceClassification``
-    (``score.weight``); an LM config.json (a critic started from a CausalLM) is rewritten
-    for that class (`as_sequence_classification`).
+    The checkpoint is one written here (converted or trained; it carries config.json), or
+    a Megatron-LM / MindSpeed-LLM one (``torch_dist``, or legacy ``mp_rank_XX`` files saved
+    at any TP/PP/EP), whose architecture comes from ``hf_config_dir`` (the model's HF
+    directory: config.json and tokenizer files). ``dtype="auto"`` writes the dtype
+    config.json names (float32 if none). A checkpoint with a scalar head
+    (``value_head.weight``) is written as ``*ForSequenceClassification`` (``score.weight``);
+    an LM config.json (a critic started from a CausalLM) is rewritten for that class
+    (`as_sequence_classification`).
     """
+    from mindspeed_rl.checkpoint.weight_source import classify, load_weights
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, hf_tensors_from_model
     from mindspeed_rl.models.hf_io import copy_metadata_files, load_hf_config, write_safetensors
     from mindspeed_rl.models.registry import describe_model
@@ -114,14 +119,22 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
 
     mg_dir = Path(mg_dir)
     check_output_dir(save_dir, overwrite)
-    meta = read_meta(mg_dir)
-    arch = describe_model(load_hf_config(mg_dir))
-    if arch.name != meta["architecture"]:
+    config_dir = Path(hf_config_dir) if hf_config_dir else mg_dir
+    if not (config_dir / "config.json").is_file():
         raise CheckpointError(
-            f"{mg_dir}/config.json describes {arch.name} but the checkpoint was written for "
-            f"{meta['architecture']}"
-        )
-    scalar_head = VALUE_HEAD in checkpoint_tensor_keys(mg_dir)
+            f"{mg_dir} has no config.json (a Megatron-LM / MindSpeed-LLM checkpoint does not "
+            "carry one): pass --hf-config-dir with the model's HF directory")
+    arch = describe_model(load_hf_config(config_dir))
+    if hf_config_dir is None:
+        meta = read_meta(mg_dir)
+        if arch.name != meta["architecture"]:
+            raise CheckpointError(
+                f"{mg_dir}/config.json describes {arch.name} but the checkpoint was written for "
+                f"{meta['architecture']}"
+            )
+    source = classify(mg_dir, "--load-dir")
+    scalar_head = source.kind == "megatron_dist" and VALUE_HEAD in checkpoint_tensor_keys(
+        mg_dir, source.iteration)
     if dtype == "auto":
         out_dtype = getattr(arch.hf_config, "dtype", None) or getattr(arch.hf_config, "torch_dtype", None)
         out_dtype = _DTYPES.get(str(out_dtype).replace("torch.", ""), torch.float32)
@@ -135,7 +148,7 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
                 model = build_value_model(arch, config)
             else:
                 model = build_gpt_model(arch, config)
-            load_megatron_checkpoint(model, mg_dir)
+            load_weights(model, arch, source)
             tensors = hf_tensors_from_model(model, arch, dtype=out_dtype)
             if show_progress:
                 total = len(arch.weight_map.all_hf_names())
@@ -143,7 +156,7 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
 
                 tensors = tqdm(tensors, total=total, desc="megatron -> hf", unit="tensor", leave=False)
             write_safetensors(out, tensors)
-        copy_metadata_files(mg_dir, out)
+        copy_metadata_files(config_dir, out)
         if scalar_head and not is_sequence_classification(arch.hf_config):
             as_sequence_classification(out / "config.json")
     return Path(save_dir)
@@ -181,14 +194,14 @@ def convert_gguf(load_dir, save_dir, save_model_type: str, *, gguf_file: str | N
 
 def convert(load_model_type: str, save_model_type: str, load_dir, save_dir, *,
             overwrite: bool = False, gguf_file: str | None = None, dtype: str = "auto",
-            show_progress: bool = False) -> Path:
+            show_progress: bool = False, hf_config_dir=None) -> Path:
     """Dispatch on (load type, save type); see tools/convert_ckpt.py."""
     pair = (load_model_type, save_model_type)
     if pair == ("hf", "mg"):
         return convert_hf_to_mg(load_dir, save_dir, overwrite=overwrite, show_progress=show_progress)
     if pair == ("mg", "hf"):
         return convert_mg_to_hf(load_dir, save_dir, overwrite=overwrite, dtype=dtype,
-                                show_progress=show_progress)
+                                show_progress=show_progress, hf_config_dir=hf_config_dir)
     if load_model_type == "gguf" and save_model_type in ("hf", "mg"):
         return convert_gguf(load_dir, save_dir, save_model_type, gguf_file=gguf_file,
                             overwrite=overwrite, show_progress=show_progress)

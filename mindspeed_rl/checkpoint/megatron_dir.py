@@ -113,6 +113,9 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
 
     path = checkpoint_path(mg_dir, iteration)
     try:
+        # Megatron-LM's torch_dist checkpoints pickle their args into common.pt; torch.load
+        # is weights_only by default and megatron-core registers its allow-list (its args
+        # Namespace, numpy RNG state, its enums) with torch when it is imported.
         with torch.no_grad():
             request = {k: v for k, v in model.sharded_state_dict().items() if k not in exclude}
             state = dist_checkpointing.load(request, str(path))

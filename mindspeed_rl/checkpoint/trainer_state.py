@@ -152,14 +152,6 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
     return final
 
 
-def has_training_checkpoint(load_dir: str | os.PathLike | None) -> bool:
-    """True when ``load_dir`` holds a checkpoint written by the trainer (not a release one)."""
-    if not load_dir:
-        return False
-    tracker = Path(load_dir) / TRACKER_FILE
-    return tracker.is_file() and tracker.read_text().strip().isdigit()
-
-
 def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
                             load_optimizer: bool = True, load_rng: bool = True
                             ) -> tuple[dict, object | None]:

@@ -8,6 +8,7 @@ dependent checks (layouts, batch splits over data-parallel ranks) live in
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +27,13 @@ def check_job(config: RLJobConfig) -> None:
     """Raise `ConfigError` for the first inconsistency found (model, ranges, cross-key)."""
     _check_model(config)
     _check_ranges(config)
+    _check_dapo(config)   # before the group-size check: its message names the DAPO key
     _check_algorithm(config)
     _check_roles(config)
-    _check_dapo(config)
     _check_lengths(config)
+    _check_training_features(config)
+    _check_generation_features(config)
+    _check_verifiers(config)
 
 
 def _check_model(config: RLJobConfig) -> None:
@@ -215,6 +219,19 @@ def _check_roles(config: RLJobConfig) -> None:
 
 def _check_dapo(config: RLJobConfig) -> None:
     rl, sampling = config.rl_config, config.sampling_config
+    low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
+    high = rl.clip_ratio if rl.clip_ratio_high is None else rl.clip_ratio_high
+    _require(low > 0 and (low < 1 or rl.policy_loss == "gspo"), "rl_config.clip_ratio_low", low,
+             "must lie in (0, 1)", "use e.g. 0.2")
+    _require(high >= low, "rl_config.clip_ratio_high", high,
+             f"is smaller than rl_config.clip_ratio_low={low}: clip-higher widens the upper "
+             "side", f"use at least {low}, e.g. DAPO's 0.28 with 0.2")
+    _require(rl.clip_ratio_c is None or rl.clip_ratio_c > 1, "rl_config.clip_ratio_c",
+             rl.clip_ratio_c, "the dual-clip bound must be greater than 1", "use e.g. 3.0, or "
+             "null")
+    _require(rl.rollout_is_threshold is None or rl.rollout_is_threshold > 0,
+             "rl_config.rollout_is_threshold", rl.rollout_is_threshold, "must be greater than 0",
+             "use e.g. 2.0, or null")
     if rl.filter_groups_enable:
         _require(config.algorithm == "grpo", "rl_config.filter_groups_enable", True,
                  "dynamic sampling filters GRPO groups (pretrain_grpo.py); PPO's advantages do "
@@ -228,6 +245,11 @@ def _check_dapo(config: RLJobConfig) -> None:
                  rl.filter_groups_metric, "is neither reward nor one of "
                  f"rl_config.verifier_function {list(rl.verifier_function)}",
                  f"use one of {metrics}")
+    _require(rl.gen_batch_size is None or rl.filter_groups_enable, "rl_config.gen_batch_size",
+             rl.gen_batch_size, "sets the prompts of a dynamic-sampling round, but "
+             "filter_groups_enable is off", "remove it, or set filter_groups_enable: true")
+    _require(rl.gen_batch_size is None or rl.gen_batch_size > 0, "rl_config.gen_batch_size",
+             rl.gen_batch_size, "must be greater than 0", "use a positive number of prompts")
     _require(rl.max_num_gen_batches >= 0, "rl_config.max_num_gen_batches",
              rl.max_num_gen_batches, "must not be negative", "use 0 (no limit) or a positive "
              "number of generation rounds")
@@ -249,10 +271,15 @@ def _check_lengths(config: RLJobConfig) -> None:
              f"than generate_config.max_model_len={gen.max_model_len}",
              f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
              f"generate_config.max_model_len to at least {total}")
-    _require(total <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
-             f"cannot hold rl_config.max_prompt_length={prompt} + "
-             f"generate_config.sampling_config.max_tokens={response} = {total} tokens",
-             f"raise seq_length to at least {total}")
+    # seq_length is the prompt data's length in MindSpeed-RL (prompts are read cut to it);
+    # here prompts longer than max_prompt_length are dropped instead, never cut.
+    _require(prompt <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
+             f"is shorter than rl_config.max_prompt_length={prompt}: MindSpeed-RL would cut "
+             "prompts to seq_length tokens; here prompts are never cut (longer ones are "
+             "dropped)", f"raise seq_length to at least {prompt} or lower max_prompt_length")
+    _require(mt.seq_length <= gen.max_model_len, "megatron_training.seq_length", mt.seq_length,
+             f"exceeds generate_config.max_model_len={gen.max_model_len} (MindSpeed-RL checks "
+             "the same)", f"use at most {gen.max_model_len}")
     limit = config.model.max_position_embeddings
     _require(limit is None or gen.max_model_len <= limit, "generate_config.max_model_len",
              gen.max_model_len, f"exceeds the model's max_position_embeddings={limit}",
@@ -275,7 +302,89 @@ def check_data_files(config: RLJobConfig) -> None:
     mt = config.megatron_training
     for key, value in (("megatron_training.data_path", mt.data_path),
                        ("megatron_training.test_data_path", mt.test_data_path)):
-        if value is not None and not Path(value).exists():
-            raise ConfigError(key, "no such file or directory",
+        if value is not None and not Path(value).exists() and not _indexed_prefix(value):
+            raise ConfigError(key, "no such file, directory or indexed-dataset prefix",
                               "check the path (relative paths resolve against the current "
                               f"working directory, {os.getcwd()})", value=value)
+
+
+def _check_training_features(config: RLJobConfig) -> None:
+    from mindspeed_rl.parallel.layout import LayoutError, pipeline_stage_layers
+
+    a, m = config.actor_config, config.model
+    for key, value in (("actor_config.expert_tensor_parallel_size", a.expert_tensor_parallel_size),
+                       ("actor_config.recompute_num_layers", a.recompute_num_layers)):
+        _require(value is None or value > 0, key, value, "must be greater than 0",
+                 "use a positive value or null")
+    _require(a.moe_aux_loss_coeff >= 0, "actor_config.moe_aux_loss_coeff", a.moe_aux_loss_coeff,
+             "must not be negative", "use 0 (none) or a small positive value, e.g. 0.001")
+    _require(a.expert_tensor_parallel_size in (None, a.tensor_model_parallel_size) or m.is_moe,
+             "actor_config.expert_tensor_parallel_size", a.expert_tensor_parallel_size,
+             f"the model ({m.model_type}) has no experts", "remove it for dense models")
+    _require(not a.finetune or a.load is not None, "actor_config.finetune", True,
+             "needs actor_config.load (the checkpoint whose weights the run starts from)",
+             "set load, or finetune: false")
+    stages = [m.num_hidden_layers]
+    if a.num_layer_list is not None:
+        try:
+            stages = pipeline_stage_layers(m.num_hidden_layers, a.pipeline_model_parallel_size,
+                                           a.num_layer_list)
+        except LayoutError as e:
+            problem = re.sub(r"^num_layer_list=\S+:? ", "", str(e))
+            raise ConfigError("actor_config.num_layer_list", problem,
+                              "list one layer count per pipeline stage, adding up to the "
+                              f"model's {m.num_hidden_layers} layers",
+                              value=a.num_layer_list) from None
+    granularity, method, n = a.recompute_granularity, a.recompute_method, a.recompute_num_layers
+    if granularity is None:
+        _require(method is None and n is None, "actor_config.recompute_method"
+                 if method is not None else "actor_config.recompute_num_layers",
+                 method if method is not None else n, "has no effect without "
+                 "actor_config.recompute_granularity", "set recompute_granularity: full")
+    elif granularity == "full":
+        _require(method is not None, "actor_config.recompute_method", method,
+                 "recompute_granularity full needs a method", "use uniform or block")
+        _require(n is not None, "actor_config.recompute_num_layers", n,
+                 "recompute_granularity full needs recompute_num_layers",
+                 "e.g. recompute_num_layers: 1")
+        if method == "block" and a.pipeline_model_parallel_size > 1 or method == "uniform":
+            most = max(stages) if a.num_layer_list else -(
+                -m.num_hidden_layers // a.pipeline_model_parallel_size)
+            _require(n <= most, "actor_config.recompute_num_layers", n,
+                     f"exceeds the {most} layers of a pipeline stage", f"use at most {most}")
+    else:
+        _require(method is None and n is None, "actor_config.recompute_method"
+                 if method is not None else "actor_config.recompute_num_layers",
+                 method if method is not None else n,
+                 "recompute_granularity selective recomputes core attention of every layer",
+                 "remove recompute_method and recompute_num_layers")
+
+
+def _check_generation_features(config: RLJobConfig) -> None:
+    g, m = config.generate_config, config.model
+    _require(g.infer_expert_parallel_size >= 1, "generate_config.infer_expert_parallel_size",
+             g.infer_expert_parallel_size, "must be at least 1", "use 1 (no expert parallelism)")
+    _require(g.infer_expert_parallel_size == 1 or g.enable_expert_parallel,
+             "generate_config.infer_expert_parallel_size", g.infer_expert_parallel_size,
+             "needs generate_config.enable_expert_parallel: true",
+             "enable it, or set infer_expert_parallel_size: 1")
+    _require(not g.enable_expert_parallel or m.is_moe, "generate_config.enable_expert_parallel",
+             True, f"the model ({m.model_type}) has no experts", "set it to false")
+
+
+def _check_verifiers(config: RLJobConfig) -> None:
+    """Every verifier name exists: an unknown one fails here, not after the first rollout."""
+    from mindspeed_rl.rewards.registry import registered_verifiers
+
+    known = registered_verifiers()
+    unknown = [name for name in config.rl_config.verifier_function if name not in known]
+    if unknown:
+        raise ConfigError("rl_config.verifier_function",
+                          f"unknown verifier(s) {unknown}",
+                          f"registered verifiers are {known}",
+                          value=list(config.rl_config.verifier_function))
+
+
+def _indexed_prefix(path: str) -> bool:
+    """A MindSpeed-RL packed indexed dataset prefix (P_packed_input_ids_document.idx)."""
+    return Path(f"{path}_packed_input_ids_document.idx").is_file()

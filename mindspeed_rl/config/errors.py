@@ -51,7 +51,32 @@ class ConfigError(ValueError):
         return ConfigError(self.key, self.problem, fix, value=self._value, origin=self.origin)
 
 
+class ConfigErrors(ConfigError):
+    """Several problems of one config file, reported together (one line each).
+
+    ``errors`` holds the individual `ConfigError`s; ``key`` is the first one's.
+    """
+
+    def __init__(self, errors: list[ConfigError], where: str):
+        if not errors:
+            raise ValueError("ConfigErrors needs at least one error")
+        self.errors = list(errors)
+        first = self.errors[0]
+        if len(self.errors) == 1:
+            ConfigError.__init__(self, first.key, first.problem, first.fix,
+                                 value=first._value, origin=first.origin)
+            return
+        self.key, self._value, self.value = first.key, first._value, first.value
+        self.problem, self.fix, self.origin = first.problem, first.fix, first.origin
+        lines = "".join(f"\n  - {e}" for e in self.errors)
+        ValueError.__init__(self, f"{len(self.errors)} problems in {where}:{lines}")
+
+    def with_fix(self, extra: str) -> ConfigError:
+        return self
+
+
 def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str | None:
     """``did you mean <prefix><closest>?`` for a misspelt name, or None when nothing is close."""
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    # a close misspelling only: a looser match offers keys that merely share words
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.85)
     return f"did you mean {prefix}{matches[0]}?" if matches else None

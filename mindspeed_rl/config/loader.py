@@ -16,18 +16,12 @@ import yaml
 from mindspeed_rl.config.checks import check_data_files, check_job
 from mindspeed_rl.config.errors import ConfigError, did_you_mean
 from mindspeed_rl.config.model_spec import read_model_spec, resolve_model_source
+from mindspeed_rl.config.normalise import normalise
 from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig
 from mindspeed_rl.config.typed_sections import build_section, field_types, nested_section_type
 from mindspeed_rl.config.yaml_source import parse_yaml_scalar, read_yaml_file
 
 _OVERRIDE = "command-line override"
-
-# MindSpeed-RL config keys that have no meaning here, with what to do instead.
-_MINDSPEED_RL_TOP_LEVEL = {
-    "defaults": "remove it; set megatron_training.model to configs/model/<name>.yaml or an HF "
-                "directory instead of a hydra defaults list",
-}
-
 
 # The advantage estimator each algorithm runs (rl_config.adv_estimator: null = this one).
 ALGORITHM_ESTIMATORS = {"grpo": "group_norm", "ppo": "gae"}
@@ -63,15 +57,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
         raise ConfigError("--config", f"{config_path} must hold a mapping of sections "
                           f"({', '.join(SECTIONS)}), not a {type(raw).__name__}",
                           "start the file with 'megatron_training:'", value=str(path))
-    for name in raw:
-        if name not in SECTIONS:
-            fix = (_MINDSPEED_RL_TOP_LEVEL.get(name) or did_you_mean(str(name), SECTIONS)
-                   or f"sections are: {', '.join(SECTIONS)}")
-            raise ConfigError(str(name), f"unknown section in {config_path.name}", fix)
     if algorithm not in ALGORITHM_ESTIMATORS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {sorted(ALGORITHM_ESTIMATORS)}")
-    present = set(raw)   # an optional section written empty means "all defaults"
-    raw = {name: raw.get(name) for name in SECTIONS}   # absent or empty section: all defaults
+    present = {name for name in raw if name in OPTIONAL_SECTIONS}  # written, even if empty
+    normalised = normalise(raw, config_path.name, algorithm)
+    raw = normalised.sections
 
     overridden = apply_overrides(raw, overrides)
     present |= {key.split(".")[0] for key in overridden}
@@ -84,6 +74,17 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
     megatron = sections["megatron_training"]
     model_path, is_hf_dir = resolve_model_source(megatron.model, config_path.parent)
     model = read_model_spec(model_path, is_hf_dir)
+    for dotted, value in model.job_settings:   # training keys of a MindSpeed-RL model yaml
+        section, key = dotted.split(".")
+        if key not in raw[section]:
+            sections[section] = build_section(SECTIONS[section], {**raw[section], key: value},
+                                              section, overridden=overridden,
+                                              elsewhere=elsewhere)
+    declared = normalised.declared_num_layers
+    if declared is not None and declared != model.num_hidden_layers:
+        raise ConfigError("actor_config.num_layers", f"the model ({model_path.name}) has "
+                          f"{model.num_hidden_layers} layers", "remove num_layers, or list the "
+                          "padding layers in noop_layers", value=declared)
     tokenizer = megatron.tokenizer_name_or_path
     if tokenizer is None:
         tokenizer = str(model_path) if is_hf_dir else model.tokenizer_name_or_path
@@ -95,6 +96,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
         _resolve_paths(megatron), model=str(model_path),
         tokenizer_name_or_path=_resolve_tokenizer(tokenizer))
     sections["actor_config"] = _resolve_paths(sections["actor_config"])
+    sections["ref_config"] = _resolve_paths(sections["ref_config"])
     rl = sections["rl_config"]
     if rl.mini_batch_size is None:
         rl = dataclasses.replace(rl, mini_batch_size=megatron.global_batch_size)
@@ -114,7 +116,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
             sections[name] = _resolve_paths(sections[name])
 
     config = RLJobConfig(**sections, model=model, config_path=str(config_path),
-                         algorithm=algorithm)
+                         algorithm=algorithm, notices=tuple(normalised.notices))
     check_job(config)
     if check_data:
         check_data_files(config)

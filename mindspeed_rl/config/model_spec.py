@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.megatron_model_yaml import is_megatron_model_yaml, translate_megatron_model
 from mindspeed_rl.config.typed_sections import build_section
 from mindspeed_rl.config.yaml_source import read_yaml_file
 
@@ -59,6 +61,9 @@ class ModelSpec:
     num_experts_per_tok: int | None = None
     shared_expert_intermediate_size: int | None = None
     tokenizer_name_or_path: str | None = None    # model yaml only: where its tokenizer lives
+    # MindSpeed-RL model yamls also carry training keys (moe_aux_loss_coeff): the job keys
+    # they set unless the job file sets them, as (dotted key, value) pairs.
+    job_settings: tuple[tuple[str, Any], ...] = ()
 
     # ---- derived shape -------------------------------------------------------------------
     @property
@@ -190,5 +195,10 @@ def read_model_spec(path: Path, is_hf_dir: bool) -> ModelSpec:
                              source=f"in {config_json}",
                              given={"source": str(config_json), "hf_dir": str(path)})
     raw = read_yaml_file(path, MODEL_KEY)
+    if is_megatron_model_yaml(raw):
+        hf, settings = translate_megatron_model(raw, str(path))
+        return build_section(ModelSpec, hf, "model", source=f"in {path}",
+                             given={"source": str(path), "hf_dir": None,
+                                    "job_settings": tuple(settings.items())})
     return build_section(ModelSpec, raw, "model", allowed_extra=_HF_KEYS_NOT_NEEDED,
                          source=f"in {path}", given={"source": str(path), "hf_dir": None})

@@ -17,7 +17,7 @@ from typing import Any
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.schema import RLJobConfig
-from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
+from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout, pipeline_stage_layers
 
 GIB = 1024 ** 3
 
@@ -31,11 +31,11 @@ _LAYOUT_KEYS = {
     "tensor_model_parallel_size": "actor_config.tensor_model_parallel_size",
     "pipeline_model_parallel_size": "actor_config.pipeline_model_parallel_size",
     "expert_model_parallel_size": "actor_config.expert_model_parallel_size",
-    # expert TP is not configurable here: it follows the dense TP.
-    "expert_tensor_parallel_size": "actor_config.tensor_model_parallel_size",
+    "expert_tensor_parallel_size": "actor_config.expert_tensor_parallel_size",
     "sequence_parallel": "megatron_training.sequence_parallel",
     "infer_tensor_parallel_size": "generate_config.infer_tensor_parallel_size",
     "num_layers": "num_hidden_layers",    # megatron's name; the model files use HF names
+    "num_layer_list": "actor_config.num_layer_list",
 }
 
 
@@ -47,10 +47,12 @@ class BatchPlan:
     "Responses" are rows of the TransferDock (one prompt's sample each).
     """
 
-    prompts_per_iteration: int
+    prompts_per_iteration: int                # trained on (global_batch_size)
     responses_per_iteration: int
-    prompts_per_generation_dp_rank: int
-    responses_per_generation_dp_rank: int
+    prompts_per_generation_round: int         # generated per round (rl_config.gen_batch_size)
+    prompts_per_generation_dp_rank: int       # per round
+    responses_per_generation_dp_rank: int     # per round
+    kept_responses_per_generation_dp_rank: int  # after dynamic sampling (the trained rows)
     responses_per_training_dp_rank: int
     mini_batches_per_epoch: int
     optimizer_steps_per_iteration: int
@@ -68,11 +70,14 @@ class BatchPlan:
         dp, dp_g = layout.data_parallel_size, layout.infer_data_parallel_size
         per_dp = gbs * n // dp
         critic = config.critic_config
+        gen = rl.gen_batch_size or gbs
         return cls(
             prompts_per_iteration=gbs,
             responses_per_iteration=gbs * n,
-            prompts_per_generation_dp_rank=gbs // dp_g,
-            responses_per_generation_dp_rank=gbs // dp_g * n,
+            prompts_per_generation_round=gen,
+            prompts_per_generation_dp_rank=gen // dp_g,
+            responses_per_generation_dp_rank=gen // dp_g * n,
+            kept_responses_per_generation_dp_rank=gbs // dp_g * n,
             responses_per_training_dp_rank=per_dp,
             mini_batches_per_epoch=gbs // mini,
             optimizer_steps_per_iteration=gbs // mini * rl.epochs,
@@ -115,6 +120,9 @@ class Plan:
     memory_bytes: dict[str, int]
     phase_bytes: dict[str, int]
     labels: dict[str, str] = field(repr=False)  # memory/phase key -> table label
+    weights: tuple[str, ...] = ()      # which weights the run loads (the stated rule)
+    notices: tuple[str, ...] = ()      # MindSpeed-RL keys accepted without effect, and why
+    infer_expert_parallel_size: int | None = None   # vLLM EP size, None without EP
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready) of every number the table shows."""
@@ -137,6 +145,8 @@ class Plan:
             "parameters": dict(self.parameters),
             "memory_bytes": dict(self.memory_bytes),
             "phase_bytes": dict(self.phase_bytes),
+            "weights": list(self.weights),
+            "notices": list(self.notices),
         }
 
     def format(self, header: str | None = None) -> str:
@@ -157,12 +167,17 @@ class Plan:
                   f"{lay.pipeline_model_parallel_size:>4} {lay.data_parallel_size:>4} "
                   f"{lay.expert_model_parallel_size:>4} {sp:>4}",
                   f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {1:>4} "
-                  f"{lay.infer_data_parallel_size:>4}    -    -", ""]
+                  f"{lay.infer_data_parallel_size:>4} "
+                  f"{self.infer_expert_parallel_size or '-':>4}    -", ""]
+        lines += ["initial weights"] + [f"  {line}" for line in self.weights] + [""]
         rows = [
             ("prompts (megatron_training.global_batch_size)", s["prompts_per_iteration"]),
             ("responses (x rl_config.n_samples_per_prompt)", s["responses_per_iteration"]),
-            ("prompts per generation-DP rank", s["prompts_per_generation_dp_rank"]),
-            ("responses per generation-DP rank", s["responses_per_generation_dp_rank"]),
+            ("prompts per generation round (rl_config.gen_batch_size)",
+             s["prompts_per_generation_round"]),
+            ("prompts per generation-DP rank (each round)", s["prompts_per_generation_dp_rank"]),
+            ("responses per generation-DP rank (each round)",
+             s["responses_per_generation_dp_rank"]),
             ("responses per training-DP rank", s["responses_per_training_dp_rank"]),
             ("mini-batches per epoch (rl_config.mini_batch_size prompts)",
              s["mini_batches_per_epoch"]),
@@ -198,6 +213,10 @@ class Plan:
         for key, value in self.phase_bytes.items():
             lines.append(f"  {self.labels[key]:<{mem_width}}{value / GIB:>9.2f}")
         lines.append("  not included: activations, communication buffers, framework overhead")
+        if self.notices:
+            lines += ["", f"MindSpeed-RL keys translated, or accepted without effect here "
+                          f"({len(self.notices)}):"]
+            lines += [f"  {line}" for line in self.notices]
         return "\n".join(lines)
 
     __str__ = format
@@ -241,10 +260,11 @@ def accepted_world_sizes(config: RLJobConfig, count: int = 4, limit: int = 8192)
 
 def _world_size_step(config: RLJobConfig) -> int:
     """Every valid world size is a multiple of this (TP x PP, EP x TP x PP and TP_g tile it)."""
-    a = config.actor_config
+    a, g = config.actor_config, config.generate_config
     tp_pp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size
-    return math.lcm(tp_pp, a.expert_model_parallel_size * tp_pp,
-                    config.generate_config.infer_tensor_parallel_size)
+    etp = a.expert_tensor_parallel_size or a.tensor_model_parallel_size
+    return math.lcm(tp_pp, a.expert_model_parallel_size * etp * a.pipeline_model_parallel_size,
+                    g.infer_tensor_parallel_size * g.infer_expert_parallel_size)
 
 
 def _layout_sizes(config: RLJobConfig, world_size: int) -> dict[str, Any]:
@@ -253,6 +273,7 @@ def _layout_sizes(config: RLJobConfig, world_size: int) -> dict[str, Any]:
                 tensor_model_parallel_size=a.tensor_model_parallel_size,
                 pipeline_model_parallel_size=a.pipeline_model_parallel_size,
                 expert_model_parallel_size=a.expert_model_parallel_size,
+                expert_tensor_parallel_size=a.expert_tensor_parallel_size,
                 sequence_parallel=config.megatron_training.sequence_parallel,
                 infer_tensor_parallel_size=config.generate_config.infer_tensor_parallel_size)
 
@@ -265,7 +286,8 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
         smallest = ParallelLayout(**_layout_sizes(config, _world_size_step(config)))
         smallest.check_model(num_attention_heads=m.num_attention_heads,
                              num_query_groups=m.num_kv_heads, num_layers=m.num_hidden_layers,
-                             num_experts=m.num_experts if m.is_moe else None)
+                             num_experts=m.num_experts if m.is_moe else None,
+                             num_layer_list=a.num_layer_list)
         layout = ParallelLayout(**_layout_sizes(config, world_size))
     except LayoutError as e:
         raise ConfigError(None, _with_sections(str(e))) from None
@@ -273,6 +295,12 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
     gbs, n = config.megatron_training.global_batch_size, config.rl_config.n_samples_per_prompt
     mini = config.rl_config.mini_batch_size
     dp_g, tpg = layout.infer_data_parallel_size, g.infer_tensor_parallel_size
+    gen = config.rl_config.gen_batch_size
+    if gen is not None and gen % dp_g:
+        raise ConfigError(
+            "rl_config.gen_batch_size", f"not divisible by the generation data-parallel size "
+            f"{dp_g}: every vLLM instance must get the same number of prompts",
+            f"use a multiple of {dp_g}, e.g. {_round_up(gen, dp_g)}", value=gen)
     if gbs % dp_g:
         raise ConfigError(
             "megatron_training.global_batch_size",
@@ -281,6 +309,19 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
             "instance must get the same number of prompts",
             f"use a multiple of {dp_g} that rl_config.mini_batch_size={mini} divides, e.g. "
             f"{_round_up(gbs, math.lcm(dp_g, mini))}", value=gbs)
+    epg = g.infer_expert_parallel_size
+    if dp_g % epg:
+        raise ConfigError(
+            "generate_config.infer_expert_parallel_size",
+            f"does not divide the generation data-parallel size {dp_g} (world size {world_size} "
+            f"/ generate_config.infer_tensor_parallel_size={tpg}): each expert-parallel group "
+            "spans that many vLLM replicas", f"use a divisor of {dp_g}", value=epg)
+    if g.enable_expert_parallel and m.is_moe and m.num_experts % (tpg * epg):
+        raise ConfigError(
+            "generate_config.infer_expert_parallel_size",
+            f"vLLM's expert-parallel size infer_tensor_parallel_size={tpg} x {epg} = {tpg * epg} "
+            f"does not divide the model's num_experts={m.num_experts}",
+            "choose sizes whose product divides the experts", value=epg)
     dp, mbs = layout.data_parallel_size, a.micro_batch_size
     if (mini * n) % (dp * mbs):
         raise ConfigError(
@@ -303,7 +344,8 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
 
 def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
     layout = _checked_layout(config, world_size)
-    mt, rl, g = config.megatron_training, config.rl_config, config.generate_config
+    mt, a, rl, g = (config.megatron_training, config.actor_config, config.rl_config,
+                    config.generate_config)
     m = config.model
     batch = BatchPlan.of(config, layout)
     samples = dataclasses.asdict(batch)
@@ -311,10 +353,17 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
 
     tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
                   layout.expert_model_parallel_size)
-    dense, expert = params_per_rank(m, tp=tp, pp=pp, ep=ep, expert_tp=layout.expert_tp)
+    stages = pipeline_stage_layers(m.num_hidden_layers, pp, a.num_layer_list)
+    dense, expert = params_per_rank(m, tp=tp, pp=pp, ep=ep, expert_tp=layout.expert_tp,
+                                    stage_layers=stages)
     tpg = layout.infer_tensor_parallel_size
-    # vLLM without expert parallelism shards every expert over its TP ranks.
-    dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
+    if g.enable_expert_parallel and m.is_moe:
+        # vLLM expert parallelism: whole experts over TP_g x infer_expert_parallel_size ranks.
+        dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=tpg * g.infer_expert_parallel_size,
+                                            expert_tp=1)
+    else:
+        # Without it vLLM shards every expert over its TP ranks.
+        dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
     train_params = dense + expert
 
     train_bytes = 2 if mt.bf16 else 4
@@ -392,13 +441,42 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
              "parameter_counts": counts}
     parameters = {"training_per_rank": train_params, "training_dense_per_rank": dense,
                   "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
+    ref = config.ref_config.load
     return Plan(config_path=config.config_path, world_size=world_size, layout=layout,
                 batch=batch, model=model, samples=samples, parameters=parameters, memory_bytes=memory,
-                phase_bytes=phases, labels=labels)
+                phase_bytes=phases, labels=labels,
+                weights=tuple(_weight_lines(m.hf_dir, a.load, ref, a.finetune,
+                                            rl.init_kl_coef > 0)),
+                notices=config.notices,
+                infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
+                                            if g.enable_expert_parallel and m.is_moe else None))
+
+
+def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, finetune: bool,
+                  kl: bool) -> list[str]:
+    """Which weights the run loads, by the rule of mindspeed_rl.checkpoint.weight_source
+    (stated here without reading any file)."""
+    if load:
+        actor = (f"actor_config.load={load}: resumed if it holds a checkpoint saved here"
+                 + (" (finetune: its weights only, from iteration 0)" if finetune else "")
+                 + ", else its weights")
+        if hf_dir:
+            actor += "; the safetensors of megatron_training.model are not read"
+    elif hf_dir:
+        actor = f"the safetensors of megatron_training.model={hf_dir}"
+    else:
+        actor = "none found: set actor_config.load (megatron_training.model is a model yaml)"
+    lines = [f"actor      {actor}"]
+    if kl:
+        lines.append("reference  " + (f"ref_config.load={ref_load}" if ref_load else
+                                      "the weights the run started from (recorded in every "
+                                      "checkpoint, so a resumed run keeps them)"))
+    return lines
 
 
 def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,
-                    expert_tp: int | None = None) -> tuple[int, int]:
+                    expert_tp: int | None = None,
+                    stage_layers: list[int] | None = None) -> tuple[int, int]:
     """Parameters held by the heaviest rank: ``(dense, routed_experts)``.
 
     Megatron shards column/row-parallel weights (q, k, v, o, gate/up/down, the
@@ -422,14 +500,18 @@ def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,
         layer_expert = (model.num_experts // ep) * 3 * h * model.moe_intermediate_size // expert_tp
     else:
         layer_dense += 3 * h * model.intermediate_size // tp
-    layers = -(-model.num_hidden_layers // pp)
+    if stage_layers is None:
+        stage_layers = [-(-model.num_hidden_layers // pp)] * pp
     vocab_shard = -(-padded_vocab_size(model.vocab_size) // tp) * h
     if pp == 1:
+        layers = stage_layers[0]
         dense = vocab_shard * (1 if model.tie_word_embeddings else 2) + layers * layer_dense + h
-    else:
-        first = vocab_shard + layers * layer_dense
-        last = layers * layer_dense + h + vocab_shard
-        dense = max(first, last)
+        return dense, layers * layer_expert
+    heaviest = max(range(pp), key=lambda s: stage_layers[s] * (layer_dense + layer_expert)
+                   + (vocab_shard if s == 0 else 0) + (vocab_shard + h if s == pp - 1 else 0))
+    layers = stage_layers[heaviest]
+    dense = layers * layer_dense + (vocab_shard if heaviest == 0 else 0) + (
+        vocab_shard + h if heaviest == pp - 1 else 0)
     return dense, layers * layer_expert
 
 

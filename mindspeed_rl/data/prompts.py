@@ -6,11 +6,15 @@ Data files: ``.jsonl`` / ``.json`` (JSON lines or one JSON array of rows) and
 user message) or a list of chat messages ``[{"role": ..., "content": ...}]`` --
 and the gold answer under ``answer_key``. A file written by
 ``tools/preprocess_data.py`` has a ``prompt_ids`` column instead: it is used as
-is, without a tokenizer.
+is, without a tokenizer. A MindSpeed-RL packed indexed dataset prefix (``P`` with
+``P_packed_input_ids_document.{bin,idx}`` and ``..._labels_...``; see
+`mindspeed_rl.data.indexed`) is read with megatron-core's reader: its prompts are token
+ids already, its answers the decoded labels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -18,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mindspeed_rl.data.indexed import is_indexed_prefix, read_indexed_prompts
 from mindspeed_rl.data.prompt_dataset import PromptDataset, PromptItem
 
 logger = logging.getLogger(__name__)
@@ -40,6 +45,7 @@ class RawPrompt:
     source_row: int  # counted from 0
     prompt_ids: list[int] | None = None  # set when the file is pre-tokenized
     prompt_text: str | None = None
+    answer_ids: list[int] | None = None  # an indexed dataset's labels, decoded by the loader
 
 
 def data_files(path: str, data_path_key: str = "megatron_training.data_path") -> list[str]:
@@ -102,6 +108,11 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     A row without the prompt or the answer field fails with the file and row
     (counted from 0) named. ``answer_key=None``: the data has no answers (all "").
     """
+    if is_indexed_prefix(path):
+        prompts, answers = read_indexed_prompts(path, data_path_key)
+        return [RawPrompt(prompt=None, answer="", source_file=path, source_row=i,
+                          prompt_ids=p, answer_ids=a)
+                for i, (p, a) in enumerate(zip(prompts, answers))]
     rows: list[RawPrompt] = []
     for file in data_files(path, data_path_key):
         table = _load_table(file)
@@ -241,6 +252,12 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
     rows = read_prompt_rows(path, prompt_key, answer_key, data_path_key)
     if not rows:
         raise ValueError(f"data file {path} has no rows; set {data_path_key}")
+    if rows[0].answer_ids is not None:   # indexed dataset: answers (and texts) as token ids
+        if tokenizer is None:
+            raise ValueError(f"{path}: decoding the indexed dataset's answers needs a tokenizer")
+        rows = [dataclasses.replace(
+            r, answer=tokenizer.decode(r.answer_ids, skip_special_tokens=True),
+            prompt_text=tokenizer.decode(r.prompt_ids)) for r in rows]
     items: list[PromptItem] = []
     num_dropped = 0
     for raw, (ids, text) in zip(rows, tokenize_prompts(rows, tokenizer, apply_chat_template,

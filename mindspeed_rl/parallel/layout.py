@@ -94,7 +94,8 @@ class ParallelLayout:
         return self.world_size // self.infer_tensor_parallel_size
 
     def check_model(self, *, num_attention_heads: int, num_query_groups: int,
-                    num_layers: int, num_experts: int | None = None) -> None:
+                    num_layers: int, num_experts: int | None = None,
+                    num_layer_list: str | None = None) -> None:
         """Check the divisibilities that depend on the model's shape."""
         tp, pp, tpg = (self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                        self.infer_tensor_parallel_size)
@@ -109,7 +110,9 @@ class ParallelLayout:
                     f"{key}={size} and the model's num_key_value_heads={num_query_groups}: "
                     "one must divide the other"
                 )
-        if num_layers % pp:
+        if num_layer_list is not None:
+            pipeline_stage_layers(num_layers, pp, num_layer_list)
+        elif num_layers % pp:
             raise LayoutError(
                 f"pipeline_model_parallel_size={pp} does not divide the model's "
                 f"num_layers={num_layers}"
@@ -127,3 +130,34 @@ class ParallelLayout:
             f"EP={self.expert_model_parallel_size} SP={self.sequence_parallel}; "
             f"generate TP={self.infer_tensor_parallel_size} DP={self.infer_data_parallel_size}"
         )
+
+
+def pipeline_stage_layers(num_layers: int, pipeline_model_parallel_size: int,
+                          num_layer_list: str | None = None) -> list[int]:
+    """Transformer layers of each pipeline stage.
+
+    ``num_layer_list`` ("16,17,16,15", MindSpeed-LLM's key) gives them explicitly; without
+    it the layers split evenly. Raises `LayoutError` naming the key when the list does not
+    fit the model and the pipeline size.
+    """
+    pp = pipeline_model_parallel_size
+    if num_layer_list is None:
+        if num_layers % pp:
+            raise LayoutError(f"pipeline_model_parallel_size={pp} does not divide the model's "
+                              f"num_layers={num_layers}")
+        return [num_layers // pp] * pp
+    try:
+        counts = [int(t) for t in str(num_layer_list).replace(" ", "").split(",") if t]
+    except ValueError:
+        raise LayoutError(f"num_layer_list={num_layer_list!r} must be comma-separated layer "
+                          "counts, one per pipeline stage, e.g. '16,17,16,15'") from None
+    if len(counts) != pp:
+        raise LayoutError(f"num_layer_list={num_layer_list!r} names {len(counts)} stages but "
+                          f"pipeline_model_parallel_size={pp}")
+    if any(c < 1 for c in counts):
+        raise LayoutError(f"num_layer_list={num_layer_list!r}: every pipeline stage needs at "
+                          "least one layer")
+    if sum(counts) != num_layers:
+        raise LayoutError(f"num_layer_list={num_layer_list!r} adds up to {sum(counts)} layers "
+                          f"but the model has num_layers={num_layers}")
+    return counts

@@ -16,6 +16,8 @@ while the training state is still resident, then loads it.
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from typing import Sequence
 
@@ -28,6 +30,19 @@ from mindspeed_rl.resharding.weight_stream import ReshardingError, TrainingGroup
 
 GEN_WEIGHTS = "gen_weights"
 MODES = ("allgather_swap", "naive")
+
+
+# Fault injection (tests, drills): HF tensors whose names match this regex are not pushed to
+# vLLM, so generation runs on stale weights; rollout/logprob_abs_diff_* must show it.
+STALE_WEIGHTS_ENV = "MINDSPEED_RL_INJECT_STALE_WEIGHTS"
+
+
+def _without_injected_stale(tensors):
+    pattern = os.environ.get(STALE_WEIGHTS_ENV)
+    if not pattern:
+        return tensors
+    regex = re.compile(pattern)
+    return ((name, t) for name, t in tensors if not regex.search(name))
 
 
 class Resharder:
@@ -95,7 +110,7 @@ class Resharder:
             self.swapper.offload(self.offload_roles)
             self.engine.wake_up(["weights"])
             self.ledger.set(GEN_WEIGHTS, self.gen_weight_bytes)
-            self.engine.load_weights(self.stream.hf_tensors())
+            self.engine.load_weights(_without_injected_stale(self.stream.hf_tensors()))
         self.engine.wake_up(["kv_cache"])
         self.in_generation = True
         return self._end(report, start, moved)

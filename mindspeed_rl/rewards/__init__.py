@@ -3,11 +3,15 @@
 Registered verifiers:
 - ``math_answer``: math-verify equivalence of the final answer with the gold answer.
 - ``integer_answer``: the response's final integer equals the integer gold answer.
-- ``format``: the response ends with a recognisable final answer.
+- ``final_answer_format``: the response ends with a recognisable final answer.
+- MindSpeed-RL's names, with their scoring rules: ``math_17k_acc``, ``acc_for_ppo``,
+  ``base_acc``, ``math_verify_reward``, ``acc_for_dapo``, ``retool_reward``, ``acc``,
+  ``format`` (the ``<think>``/``<answer>`` tags), ``strict_format``, ``step``
+  (`mindspeed_rl.rewards.mindspeed_rl_verifiers`).
 """
 
 # Importing the modules registers their verifiers.
-from mindspeed_rl.rewards import final_answer, math_verify_reward  # noqa: F401
+from mindspeed_rl.rewards import final_answer, math_verify_reward, mindspeed_rl_verifiers  # noqa: F401
 from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_final_number,
                                                has_final_answer_format)
 from mindspeed_rl.rewards.registry import (compute_rewards, get_verifier, register_verifier,

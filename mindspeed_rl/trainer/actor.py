@@ -27,13 +27,17 @@ _STAT_KEYS = ["pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl",
 
 
 def build_policy_model(arch, *, params_dtype: torch.dtype, sequence_parallel: bool,
-                       calculate_per_token_loss: bool = True):
-    """This rank's GPTModel shard of ``arch`` (weights random until loaded)."""
+                       calculate_per_token_loss: bool = True, **transformer_options):
+    """This rank's GPTModel shard of ``arch`` (weights random until loaded).
+
+    ``transformer_options``: further TransformerConfig fields (recompute, uneven pipeline
+    stages; `mindspeed_rl.models.training_options`)."""
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config
 
     config = build_transformer_config(arch, params_dtype=params_dtype,
                                       sequence_parallel=sequence_parallel,
-                                      calculate_per_token_loss=calculate_per_token_loss)
+                                      calculate_per_token_loss=calculate_per_token_loss,
+                                      **transformer_options)  # [issue15 hook]
     return build_gpt_model(arch, config)
 
 

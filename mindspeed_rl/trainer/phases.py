@@ -85,7 +85,7 @@ def rollout(t) -> dict[str, float]:
     """Sample n responses per prompt of this generation-DP rank's share of the batch; the
     first rank of each vLLM instance puts the rows (all samples of a prompt together)."""
     b, n, mt = t.plan.batch, t.config.rl_config.n_samples_per_prompt, t.config.megatron_training
-    indices = t.train_data.next_indices(b.prompts_per_iteration)
+    indices = t.train_data.next_indices(b.prompts_per_generation_round)
     dp_g = t.plan.layout.infer_data_parallel_size
     mine = slice_per_dp_rank(indices, t.gen_dp_rank, dp_g)
     first = t.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
@@ -202,7 +202,8 @@ def dynamic_sampling(t) -> dict[str, float]:
             break
         if rl.max_num_gen_batches and rounds >= rl.max_num_gen_batches:
             message = (f"dynamic sampling: {len(kept)} of {gbs} informative groups after "
-                       f"max_num_gen_batches={rl.max_num_gen_batches} rounds of {gbs} prompts")
+                       f"max_num_gen_batches={rl.max_num_gen_batches} rounds of "
+                       f"{t.plan.batch.prompts_per_generation_round} prompts")
             if rl.filter_groups_shortfall == "error":
                 raise ValueError(f"{message} (rl_config.filter_groups_shortfall: error); raise "
                                  "max_num_gen_batches, or set filter_groups_shortfall: fill")
@@ -253,7 +254,7 @@ def group_advantages(t) -> dict[str, float]:
     """GRPO: each response's reward against its group's (the n samples of its prompt)."""
     n = t.config.rl_config.n_samples_per_prompt
     batch = t.flow.get("adv", ["rewards", "group_id", "sample_idx", "response_ids"],
-                       t.plan.batch.responses_per_generation_dp_rank, "gen_writers",
+                       t.plan.batch.kept_responses_per_generation_dp_rank, "gen_writers",
                        whole_groups=True)
     advantages = []
     if batch is not None:

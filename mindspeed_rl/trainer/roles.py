@@ -62,6 +62,7 @@ class Roles:
     critic_swap: RoleSwap | None = None
     reward_model: torch.nn.Module | None = None
     reward_model_swap: RoleSwap | None = None
+    reference_source: object = None  # weight_source.WeightSource of the reference
 
     @property
     def trainables(self) -> dict:
@@ -80,12 +81,14 @@ class Roles:
         self.rollout.shutdown()
 
 
-def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -> Roles:
+def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles:
     """Build this rank's roles for ``config`` (megatron's parallel state must exist).
 
-    The actor starts from the run's initial weights (:func:`initial_policy_source`),
-    unless it resumes from a trainer checkpoint (loaded afterwards by the trainer).
+    ``start`` is the actor's initial `WeightSource` (``weight_source.actor_start``), or
+    None when the run resumes from a trainer checkpoint (loaded afterwards by the trainer).
     """
+    from mindspeed_rl.checkpoint import weight_source
+    from mindspeed_rl.models.training_options import training_model_options
     from mindspeed_rl.resharding import Resharder
     from mindspeed_rl.rollout import RolloutEngine
 
@@ -93,12 +96,13 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
     dtype = torch.bfloat16 if mt.bf16 else torch.float32
     b = plan.batch
     trainable = dict(use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16)
+    model_options = dict(params_dtype=dtype, sequence_parallel=mt.sequence_parallel,
+                         **training_model_options(config))
     pin = platform.device_type != "cpu"
 
-    policy = build_policy_model(arch, params_dtype=dtype, sequence_parallel=mt.sequence_parallel)
-    source = initial_policy_source(config)
-    if not resume:
-        load_policy_weights(policy, arch, source)
+    policy = build_policy_model(arch, **model_options)
+    if start is not None:
+        weight_source.load_weights(policy, arch, start)
     actor = MegatronActor(policy, config.actor_config,
                           total_steps=mt.train_iters * b.optimizer_steps_per_iteration,
                           **trainable)
@@ -113,14 +117,18 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
     ledger = resharder.ledger
 
     if rl.init_kl_coef:
-        # The reference stays the policy the run started from, also when it resumes.
-        ref = build_policy_model(arch, params_dtype=dtype, sequence_parallel=mt.sequence_parallel)
-        if resume:
-            load_policy_weights(ref, arch, source)
-        else:
+        # The reference stays the policy the run started from, also when it resumes
+        # (ref_config.load, else the start recorded in the checkpoint).
+        ref = build_policy_model(arch, **model_options)
+        roles.reference_source = weight_source.reference_start(
+            config.ref_config.load, start,
+            weight_source.recorded_start(config.actor_config.load) if start is None else None)
+        if roles.reference_source is start:
             with torch.no_grad():
                 for p_ref, p in zip(ref.parameters(), policy.parameters()):
                     p_ref.copy_(p)
+        else:
+            weight_source.load_weights(ref, arch, roles.reference_source)
         ref.requires_grad_(False)
         roles.reference = ref
         roles.reference_swap = RoleSwap("ref", lambda: {"param": list(ref.parameters())},
@@ -130,9 +138,13 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
         from mindspeed_rl.models.value_head import load_value_weights
 
         cc = config.critic_config
-        value_model = _scalar_head_model(arch, dtype, mt.sequence_parallel, seed=mt.seed)
-        if not resume:
-            load_value_weights(value_model, arch, cc.load or source.path,
+        value_model = _scalar_head_model(arch, model_options, seed=mt.seed)
+        if start is not None:
+            if cc.load is None and start.kind == weight_source.LEGACY:
+                raise ValueError(f"critic_config.load: the critic cannot start from the legacy "
+                                 f"Megatron checkpoint {start.path}; convert it "
+                                 "(tools/convert_ckpt.py) or set critic_config.load")
+            load_value_weights(value_model, arch, cc.load or start.path,
                                require_score_head=False)
         critic = MegatronCritic(value_model, cc,
                                 total_steps=mt.train_iters * b.optimizer_steps_per_iteration,
@@ -147,7 +159,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
 
         rc = config.reward_config
         rm_arch = reward_model_architecture(rc.load, arch, model_dir)
-        rm = _scalar_head_model(rm_arch, dtype, mt.sequence_parallel, seed=mt.seed)
+        rm = _scalar_head_model(rm_arch, model_options, seed=mt.seed)
         load_value_weights(rm, rm_arch, rc.load, require_score_head=True)
         rm.requires_grad_(False)
         roles.reward_model = rm
@@ -156,52 +168,13 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, resume: bool) -
     return roles
 
 
-def _scalar_head_model(arch, dtype: torch.dtype, sequence_parallel: bool, seed: int):
+def _scalar_head_model(arch, model_options: dict, seed: int):
     """A GPT whose last stage outputs one value per position (critic, reward model)."""
     from mindspeed_rl.models.builder import build_transformer_config
     from mindspeed_rl.models.value_head import build_value_model
 
-    config = build_transformer_config(arch, params_dtype=dtype,
-                                      sequence_parallel=sequence_parallel,
-                                      calculate_per_token_loss=True)
+    config = build_transformer_config(arch, calculate_per_token_loss=True, **model_options)
     return build_value_model(arch, config, head_seed=seed)
-
-
-# ---- where weights come from -----------------------------------------------------------
-@dataclass(frozen=True)
-class WeightSource:
-    """Where the run's initial policy weights are read: ``kind`` is ``hf`` (safetensors
-    of an HF directory) or ``megatron`` (a converted release checkpoint)."""
-
-    kind: str
-    path: str
-
-
-def initial_policy_source(config) -> WeightSource:
-    """The run's initial weights: HF safetensors of ``megatron_training.model`` when it is
-    an HF directory holding them, else the converted release checkpoint in
-    ``actor_config.load``."""
-    hf_dir, load = config.model.hf_dir, config.actor_config.load
-    if hf_dir and any(Path(hf_dir).glob("*.safetensors")):
-        return WeightSource("hf", hf_dir)
-    if load and (Path(load) / "release").is_dir():
-        return WeightSource("megatron", load)
-    raise ValueError(
-        "no initial weights: point megatron_training.model to an HF directory with "
-        "safetensors, or actor_config.load to a checkpoint converted by tools/convert_ckpt.py "
-        "(its release/ folder)")
-
-
-def load_policy_weights(model, arch, source: WeightSource) -> None:
-    if source.kind == "hf":
-        from mindspeed_rl.models.builder import load_hf_weights
-        from mindspeed_rl.models.hf_io import HFCheckpointReader
-
-        load_hf_weights(model, arch, HFCheckpointReader(source.path))
-    else:
-        from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
-
-        load_megatron_checkpoint(model, source.path, iteration=None)
 
 
 def reward_model_architecture(rm_dir: str, actor_arch, actor_dir: str):

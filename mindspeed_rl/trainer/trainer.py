@@ -41,7 +41,7 @@ class RLTrainer:
     """Builds this rank's roles for ``config`` (its ``algorithm``) and runs iterations."""
 
     def __init__(self, config, plan, platform) -> None:
-        from mindspeed_rl.checkpoint.trainer_state import has_training_checkpoint
+        from mindspeed_rl.checkpoint import weight_source
         from mindspeed_rl.parallel.groups import initialize_megatron_parallel
         from mindspeed_rl.trainer.roles import build_roles
         from mindspeed_rl.transfer_dock import build_transfer_dock
@@ -52,8 +52,19 @@ class RLTrainer:
         self.model_dir, self.tokenizer, self.arch = _model(config)
         self.train_data, self.test_data = _datasets(config, self.tokenizer)
         initialize_megatron_parallel(plan.layout, seed=mt.seed)
-        resume = has_training_checkpoint(ac.load)
-        self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, resume=resume)
+        # Which weights (one stated rule, mindspeed_rl/checkpoint/weight_source.py); None: resume.
+        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune)
+        resume = start is None
+        self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, start=start)
+        # Recorded in every checkpoint: the policy the run started from (the reference).
+        origin = self.roles.reference_source or start
+        self.initial_weights = (origin.to_dict() if origin is not None
+                                else weight_source.recorded_start(ac.load))
+        if self.rank == 0:
+            ref = self.roles.reference_source
+            print(f"actor weights: {'resumed from ' + ac.load if resume else start.describe()}"
+                  + (f"\nreference weights: {ref.describe()}" if ref is not None else ""),
+                  flush=True)
         self.phases = phases_of(config, plan)
         self.flow = SampleFlow(
             build_transfer_dock(rl.transfer_dock_mode, timeout_s=rl.transfer_dock_timeout_s),
@@ -200,7 +211,8 @@ class RLTrainer:
         if save:
             with self.roles.trainables_resident() as trainables:
                 save_trainer_checkpoint(save, self.state.iteration, trainables,
-                                        common={"trainer": self.state_dict()},
+                                        common={"trainer": self.state_dict(),
+                                                "initial_weights": self.initial_weights},
                                         per_rank=self.flow.dock.warehouse.state_dict(),
                                         hf_files_from=self.model_dir,
                                         architecture=self.arch.name)
@@ -226,14 +238,13 @@ def _model(config):
     """(HF-style model directory vLLM reads, tokenizer, architecture)."""
     from transformers import AutoTokenizer
 
+    from mindspeed_rl.checkpoint.weight_source import hf_config_dir
     from mindspeed_rl.models.builder import describe_hf_dir
 
-    model_dir = config.model.hf_dir or config.actor_config.load
-    if not model_dir or not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise ValueError("megatron_training.model must be an HF directory, or actor_config.load "
-                         "a checkpoint made by tools/convert_ckpt.py (it holds config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(
-        config.megatron_training.tokenizer_name_or_path or model_dir)
+    mt = config.megatron_training
+    model_dir = hf_config_dir(config.model.hf_dir, config.actor_config.load,
+                              mt.tokenizer_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(mt.tokenizer_name_or_path or model_dir)
     return model_dir, tokenizer, describe_hf_dir(model_dir)
 
 
@@ -242,7 +253,8 @@ def _datasets(config, tokenizer):
 
     mt, rl = config.megatron_training, config.rl_config
     train = load_prompt_dataset(mt.data_path, tokenizer, rl.max_prompt_length,
-                                prompt_key=mt.prompt_key, answer_key=mt.answer_key, seed=mt.seed)
+                                prompt_key=mt.prompt_key, answer_key=mt.answer_key, seed=mt.seed,
+                                shuffle=not mt.no_shuffle)
     test = None
     if mt.test_data_path:
         test = load_prompt_dataset(mt.test_data_path, tokenizer, rl.max_prompt_length,

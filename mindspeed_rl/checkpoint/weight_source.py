@@ -1,0 +1,174 @@
+"""Where the actor and the reference model get their weights: one rule, stated at start-up.
+
+The rule (docs/config.md, "Which weights a run loads"):
+
+1. ``actor_config.load`` holds a training checkpoint this project saved (and
+   ``actor_config.finetune`` is false): the run **resumes** from it (weights, optimizer,
+   RNG, data position).
+2. Otherwise, when ``actor_config.load`` is set, the actor starts from its weights: a
+   converted release checkpoint, a checkpoint saved here, a Megatron-LM / MindSpeed-LLM
+   checkpoint (``torch_dist``, or the legacy ``mp_rank_XX`` files), or an HF directory.
+   The safetensors of ``megatron_training.model`` are then **not** read.
+3. Otherwise the actor starts from the safetensors of the HF directory
+   ``megatron_training.model``.
+
+The reference model is ``ref_config.load`` when set; otherwise the weights the run
+started from: on a fresh start the actor's starting weights, on a resume the starting
+source recorded in the checkpoint (``initial_weights`` of its common state).
+
+Classifying sources reads only file names; `load_weights` needs torch and megatron.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mindspeed_rl.checkpoint.errors import CheckpointError
+
+_TRACKER = "latest_checkpointed_iteration.txt"
+_META = "mindspeed_rl_meta.json"
+# What a source is, by the files found there.
+HF, DIST, LEGACY = "hf", "megatron_dist", "megatron_legacy"
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """A set of initial weights: what kind, where, and which setting chose it."""
+
+    kind: str                  # HF, DIST or LEGACY
+    path: str
+    iteration: int | None      # None: a release (converted) checkpoint or an HF directory
+    chosen_by: str             # e.g. "actor_config.load"
+
+    def describe(self) -> str:
+        what = {HF: "HF safetensors", DIST: "megatron-core distributed checkpoint",
+                LEGACY: "Megatron-LM legacy checkpoint (mp_rank_XX files)"}[self.kind]
+        at = "" if self.kind == HF else (" release" if self.iteration is None
+                                         else f" iteration {self.iteration}")
+        return f"{self.path} ({what}{at}; {self.chosen_by})"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WeightSource":
+        return cls(**data)
+
+
+def _iteration(load: Path) -> tuple[int | None, Path] | None:
+    tracker = load / _TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    iteration = None if text == "release" else int(text) if text.isdigit() else -1
+    if iteration == -1:
+        raise CheckpointError(f"{tracker}: holds {text!r}, neither 'release' nor an iteration")
+    folder = load / ("release" if iteration is None else f"iter_{iteration:07d}")
+    return iteration, folder
+
+
+def classify(path: str | Path, chosen_by: str) -> WeightSource:
+    """What kind of weights ``path`` holds; CheckpointError when it is none of them."""
+    path = Path(path)
+    found = _iteration(path)
+    if found is not None:
+        iteration, folder = found
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: missing, though {path / _TRACKER} names it")
+        if (folder / ".metadata").is_file():
+            return WeightSource(DIST, str(path), iteration, chosen_by)
+        if any(p.name.startswith("mp_rank_") for p in folder.iterdir()):
+            return WeightSource(LEGACY, str(path), iteration, chosen_by)
+        raise CheckpointError(f"{folder}: neither a distributed checkpoint (.metadata) nor "
+                              "mp_rank_XX folders")
+    if path.is_dir() and any(path.glob("*.safetensors")):
+        return WeightSource(HF, str(path), None, chosen_by)
+    raise CheckpointError(f"{path}: holds no weights ({_TRACKER} or *.safetensors); set "
+                          f"{chosen_by} to a checkpoint or an HF directory")
+
+
+def is_training_checkpoint(load: str | Path | None) -> bool:
+    """True when ``load`` holds a checkpoint saved by this project's trainer (resumable)."""
+    if not load:
+        return False
+    load = Path(load)
+    found = _iteration(load) if load.is_dir() else None
+    if found is None or found[0] is None or not (load / _META).is_file():
+        return False
+    return (found[1] / ".metadata").is_file()
+
+
+def actor_start(hf_dir: str | None, load: str | None, finetune: bool = False
+                ) -> WeightSource | None:
+    """The actor's initial weights by the rule above; None when the run resumes."""
+    if load and is_training_checkpoint(load) and not finetune:
+        return None
+    if load:
+        return classify(load, "actor_config.load")
+    if hf_dir and any(Path(hf_dir).glob("*.safetensors")):
+        return WeightSource(HF, str(hf_dir), None, "megatron_training.model")
+    raise CheckpointError("no initial weights: point megatron_training.model to an HF directory "
+                          "with safetensors, or actor_config.load to a checkpoint (converted by "
+                          "tools/convert_ckpt.py, or Megatron-LM / MindSpeed-LLM's)")
+
+
+def reference_start(ref_load: str | None, actor: WeightSource | None,
+                    recorded: dict | None) -> WeightSource:
+    """The reference model's weights: ref_config.load, else the run's starting weights."""
+    if ref_load:
+        return classify(ref_load, "ref_config.load")
+    if actor is not None:
+        return actor
+    if recorded:
+        source = WeightSource.from_dict(recorded)
+        if not Path(source.path).exists():
+            raise CheckpointError(f"the reference model is the policy the run started from, "
+                                  f"{source.path}, which no longer exists; set ref_config.load")
+        return WeightSource(source.kind, source.path, source.iteration,
+                            f"recorded start of the resumed run, first chosen by "
+                            f"{source.chosen_by}")
+    raise CheckpointError("resuming a checkpoint that does not record the weights the run "
+                          "started from: set ref_config.load to them (e.g. the converted "
+                          "release checkpoint)")
+
+
+def load_weights(model, arch, source: WeightSource) -> None:
+    """Fill this rank's shard of ``model`` from ``source`` (any saved layout)."""
+    if source.kind == HF:
+        from mindspeed_rl.models.builder import load_hf_weights
+        from mindspeed_rl.models.hf_io import HFCheckpointReader
+
+        load_hf_weights(model, arch, HFCheckpointReader(source.path))
+    elif source.kind == DIST:
+        from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
+
+        load_megatron_checkpoint(model, source.path, iteration=source.iteration)
+    else:
+        from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
+
+        load_legacy_megatron_checkpoint(model, arch, source.path, iteration=source.iteration)
+
+
+def recorded_start(load: str | Path) -> dict | None:
+    """The ``initial_weights`` a resumable checkpoint in ``load`` recorded (None if absent)."""
+    from megatron.core import dist_checkpointing
+
+    found = _iteration(Path(load))
+    if found is None:
+        return None
+    common = dist_checkpointing.load_common_state_dict(str(found[1])).get("common", {})
+    return common.get("initial_weights")
+
+
+def hf_config_dir(hf_dir: str | None, load: str | None, tokenizer: str | None) -> str:
+    """An HF-style directory holding config.json (vLLM and the architecture need one):
+    the model's HF directory, else actor_config.load (converted checkpoints carry one),
+    else the tokenizer directory (an HF release holds config.json beside its tokenizer)."""
+    for candidate in (hf_dir, load, tokenizer):
+        if candidate and (Path(candidate) / "config.json").is_file():
+            return str(candidate)
+    raise CheckpointError("no config.json for the model's architecture: point megatron_training."
+                          "model at an HF directory, or actor_config.load at a checkpoint "
+                          "converted by tools/convert_ckpt.py, or megatron_training."
+                          "tokenizer_name_or_path at the model's HF release directory")

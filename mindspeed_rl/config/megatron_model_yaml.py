@@ -1,0 +1,128 @@
+"""MindSpeed-RL's model yamls: Megatron argument names nested under the model name.
+
+    qwen25_7b:                 # configs/model/qwen25_7b.yaml, chosen by `defaults: - model:`
+      num_layers: 28
+      hidden_size: 3584
+      ffn_hidden_size: 18944
+      num_query_groups: 4
+      padded_vocab_size: 152064
+      ...
+
+`translate_megatron_model` rewrites such a body into the Hugging Face field names of
+`ModelSpec`. Keys that describe an architecture this project does not build (multi-latent
+attention, shared experts, RoPE scaling...) are errors; kernel choices are accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
+from mindspeed_rl.config.mindspeed_keys import typo_hint
+
+# Megatron name -> HF config.json name (same value).
+_RENAMED = {
+    "num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
+    "ffn_hidden_size": "intermediate_size", "num_attention_heads": "num_attention_heads",
+    "kv_channels": "head_dim", "padded_vocab_size": "vocab_size",
+    "max_position_embeddings": "max_position_embeddings", "rotary_base": "rope_theta",
+    "norm_epsilon": "rms_norm_eps", "num_experts": "num_experts",
+    "moe_ffn_hidden_size": "moe_intermediate_size", "moe_router_topk": "num_experts_per_tok",
+}
+# Keys whose value must be this (or absent): the architectures built here.
+_REQUIRED = {
+    "position_embedding_type": ("rope",), "normalization": ("RMSNorm",), "swiglu": (True,),
+    "disable_bias_linear": (True,), "multi_latent_attention": (False,),
+    "n_shared_experts": (None, 0), "first_k_dense_replace": (None, 0),
+    "moe_layer_freq": (None, 1), "rope_scaling_type": (None,),
+    "moe_router_score_function": ("softmax",), "moe_router_enable_expert_bias": (False,),
+    "use_mcore_models": (True,), "make_vocab_size_divisible_by": (1,),
+    "moe_router_load_balancing_type": ("aux_loss", "none"),
+    # multi-latent attention (DeepSeek-V3) and RoPE scaling are not built here
+    **{key: (None,) for key in (
+        "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+        "rope_scaling_factor", "low_freq_factor", "high_freq_factor",
+        "original_max_position_embeddings", "beta_fast", "beta_slow", "rope_scaling_mscale",
+        "rope_scaling_mscale_all_dim", "rope_scaling_original_max_position_embeddings")},
+}
+# Kernel and implementation choices with no effect on the function computed.
+_IGNORED = frozenset({
+    "spec", "use_rotary_position_embeddings", "attention_softmax_in_fp32", "moe_grouped_gemm",
+    "moe_permutation_async_comm", "moe_token_dispatcher_type",
+    "use_fused_moe_token_permute_and_unpermute", "no_gradient_accumulation_fusion",
+    "norm_topk_prob", "seq_aux", "moe_router_num_groups", "moe_router_group_topk",
+    "moe_router_topk_scaling_factor", "group_query_attention",
+})
+# Training settings a model yaml may carry: they become these job keys unless the job sets them.
+TRAINING_SETTINGS = {"moe_aux_loss_coeff": "actor_config.moe_aux_loss_coeff"}
+_OTHER = {"num_query_groups", "untie_embeddings_and_output_weights", "add_qkv_bias",
+          "attention_bias", "qk_layernorm"}
+
+
+def is_megatron_model_yaml(raw: Any, name: str | None = None) -> bool:
+    """A single top-level key holding a mapping: MindSpeed-RL's ``<name>: {...}`` layout."""
+    return (isinstance(raw, dict) and len(raw) == 1 and isinstance(next(iter(raw.values())), dict)
+            and (name is None or next(iter(raw)) == name) and "model_type" not in raw)
+
+
+def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(HF fields for ModelSpec, job settings)`` of a MindSpeed-RL model yaml.
+
+    Raises:
+        ConfigErrors: every key that is unknown or names an unsupported architecture.
+    """
+    (name, body), = raw.items()
+    problems: list[ConfigError] = []
+    hf: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for key, value in body.items():
+        dotted = f"{name}.{key}"
+        if key in _RENAMED:
+            hf[_RENAMED[key]] = value
+        elif key in _REQUIRED:
+            if not any(value == ok and type(value) is type(ok) or value is ok
+                       for ok in _REQUIRED[key]):
+                problems.append(ConfigError(dotted, f"is an architecture not built here "
+                                            f"(in {where})", "supported: "
+                                            f"{' or '.join(map(show_value, _REQUIRED[key]))}",
+                                            value=value))
+        elif key in TRAINING_SETTINGS:
+            settings[TRAINING_SETTINGS[key]] = value
+        elif key in _IGNORED or key in _OTHER:
+            continue
+        else:
+            candidates = list(_RENAMED) + list(_REQUIRED) + list(_IGNORED) + list(_OTHER) + list(
+                TRAINING_SETTINGS)
+            problems.append(ConfigError(dotted, f"unknown model-yaml key (in {where})",
+                                        typo_hint(key, candidates, f"{name}.")
+                                        or "see docs/config.md (MindSpeed-RL model yamls)"))
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                "padded_vocab_size"):
+        if key not in body:
+            problems.append(ConfigError(f"{name}.{key}", f"required key is missing (in {where})",
+                                        "copy it from the model's MindSpeed-LLM yaml or "
+                                        "config.json"))
+    if problems:
+        raise ConfigErrors(problems, where)
+    heads = body["num_attention_heads"]
+    hf["num_key_value_heads"] = body.get("num_query_groups", heads) if body.get(
+        "group_query_attention") else heads
+    hf["tie_word_embeddings"] = not body.get("untie_embeddings_and_output_weights", False)
+    bias = body.get("add_qkv_bias", body.get("attention_bias", False))
+    hf["attention_bias"] = bool(bias)
+    hf.setdefault("rms_norm_eps", 1e-5)   # Megatron's norm_epsilon default
+    qk_norm = bool(body.get("qk_layernorm"))
+    if body.get("num_experts"):
+        if not qk_norm:
+            raise ConfigErrors([ConfigError(f"{name}.num_experts", "a MoE model without "
+                                            "qk_layernorm (Qwen2-MoE style) is not built here "
+                                            f"(in {where})", "supported MoE: Qwen3-MoE "
+                                            "(qk_layernorm: true)")], where)
+        hf["model_type"], hf["architectures"] = "qwen3_moe", ["Qwen3MoeForCausalLM"]
+    elif qk_norm:
+        hf["model_type"], hf["architectures"] = "qwen3", ["Qwen3ForCausalLM"]
+    elif bias:
+        hf["model_type"], hf["architectures"] = "qwen2", ["Qwen2ForCausalLM"]
+    else:
+        hf["model_type"], hf["architectures"] = "llama", ["LlamaForCausalLM"]
+    return hf, settings

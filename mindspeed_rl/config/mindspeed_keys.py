@@ -1,0 +1,335 @@
+"""MindSpeed-RL's config keys, one row each: honoured, translated, or not applicable here.
+
+A MindSpeed-RL GRPO config (``defaults:`` + ``megatron_training`` / ``actor_config`` /
+``rl_config`` / ``generate_config``) loads as it is. Every key it may hold is one of:
+
+- **honoured**: the same name means the same thing here (a key of the schema, possibly
+  in a sibling section: MindSpeed-RL merges ``megatron_training`` into ``actor_config``,
+  so a Megatron key may sit in either);
+- **translated**: an older or MindSpeed-LLM name, rewritten into the schema's keys
+  (``noop_layers`` + ``num_layers`` -> ``num_layer_list``, ``moe_tp_extend_ep`` ->
+  ``expert_tensor_parallel_size``);
+- **not applicable**: a kernel choice, a Ray setting, a dispatch chunk size... accepted
+  and listed in one start-up notice with the reason. Where a value would change what the
+  run computes and this project cannot do it (context parallelism, a PPO critic, DAPO's
+  dynamic sampling...), that value is an error; the row says which values are harmless.
+
+``ROWS`` is the table. A later feature is one row flipped: e.g. when PPO lands,
+``gamma`` moves from not-applicable to an honoured schema key. ``normalise`` applies the
+table to a parsed YAML file and reports every problem of the file at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mindspeed_rl.config.errors import ConfigError, show_value
+
+# Where MindSpeed-RL reads a key. Megatron keys: megatron_training and actor_config are
+# merged into one MegatronConfig there (actor_config wins), ref_config likewise.
+MEGATRON = "megatron"
+RL = "rl_config"
+GENERATE = "generate_config"
+SAMPLING = "generate_config.sampling_config"
+TOP = "top level"
+FAMILY_SECTIONS = {
+    MEGATRON: ("megatron_training", "actor_config", "ref_config", "critic_config",
+               "reward_config"),
+    RL: ("rl_config",),
+    GENERATE: ("generate_config",),
+    SAMPLING: ("generate_config.sampling_config",),
+}
+
+HONOURED, TRANSLATED, NOT_APPLICABLE = "honoured", "translated", "not applicable"
+
+
+def _any(value: Any) -> bool:
+    return True
+
+
+def _off(value: Any) -> bool:
+    """Unset: null, false, 0, '' or an empty list/mapping."""
+    return value is None or value is False or value == 0 or value in ("", [], {})
+
+
+def _one_of(*allowed: Any) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        return any(value == a and type(value) is type(a) or (value is a) for a in allowed) or (
+            any(isinstance(a, float) and isinstance(value, int) and not isinstance(value, bool)
+                and value == a for a in allowed))
+    check.allowed = allowed  # type: ignore[attr-defined]
+    return check
+
+
+def _at_most_one(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value <= 1)
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """How one MindSpeed-RL key is handled here."""
+
+    family: str                    # MEGATRON, RL, GENERATE, SAMPLING or TOP
+    name: str
+    handling: str                  # HONOURED, TRANSLATED or NOT_APPLICABLE
+    detail: str                    # honoured: the dotted key; otherwise the reason / rewrite
+    accepts: Callable[[Any], bool] = _any   # not applicable: values that change nothing
+    needs: str = ""                # what an accepted value looks like (for the error)
+
+
+def _na(family: str, names: str, reason: str, accepts: Callable[[Any], bool] = _any,
+        needs: str = "") -> list[KeyRow]:
+    return [KeyRow(family, n, NOT_APPLICABLE, reason, accepts, needs) for n in names.split()]
+
+
+def _same(family: str, names: str, section: str) -> list[KeyRow]:
+    return [KeyRow(family, n, HONOURED, f"{section}.{n}") for n in names.split()]
+
+
+_KERNEL = "an Ascend/CUDA kernel or fusion choice; megatron-core's local (no Transformer " \
+          "Engine) layers compute the same function"
+_MEMORY = "a memory or overlap optimisation of MindSpeed; it does not change what is computed"
+_RAY = "a Ray / worker-placement setting; here one SPMD torchrun program hosts every role " \
+       "on every rank"
+_DISPATCH = "a MindSpeed-RL TransferDock chunk size; here each get takes a data-parallel " \
+            "rank's whole share, balanced by tokens, which computes the same batches"
+_PACKING = "a packing/padding choice of the forward pass (remove-padding, dynamic batch); " \
+           "rows here are right-padded per micro-batch, which computes the same log-probs"
+_LOGGING = "a logging or diagnostics choice (metrics always go to metrics.jsonl)"
+_DATA_PREP = "a data-preprocessing setting (tools/preprocess_data.py writes the data)"
+_MODEL_YAML = "a model-yaml (architecture) key; put it in configs/model/<name>.yaml"
+
+ROWS: list[KeyRow] = [
+    # ---- top level ----------------------------------------------------------------------
+    KeyRow(TOP, "defaults", TRANSLATED, "hydra defaults list: its model names are looked up "
+           "as model/<name>.yaml next to the config, megatron_training.model selects one"),
+    *_na(TOP, "profiler_config msprobe_config", "MindStudio profiler / probe settings; "
+         "not used here"),
+
+    # ---- Megatron keys (megatron_training / actor_config) ----------------------------------
+    *_same(MEGATRON, "model tokenizer_name_or_path global_batch_size seq_length train_iters "
+           "save_interval seed data_path bf16 use_distributed_optimizer sequence_parallel",
+           "megatron_training"),
+    *_same(MEGATRON, "micro_batch_size tensor_model_parallel_size pipeline_model_parallel_size "
+           "expert_model_parallel_size lr min_lr lr_decay_style lr_warmup_fraction weight_decay "
+           "clip_grad adam_beta1 adam_beta2 load save no_load_optim no_load_rng finetune "
+           "recompute_granularity recompute_method recompute_num_layers num_layer_list "
+           "moe_aux_loss_coeff", "actor_config"),
+    KeyRow(MEGATRON, "noop_layers", TRANSLATED, "identity layers padding num_layers to a "
+           "multiple of the pipeline size: the real layers of each stage become "
+           "actor_config.num_layer_list (first/last stages shorter)"),
+    KeyRow(MEGATRON, "num_layers", TRANSLATED, "with noop_layers: the padded layer count "
+           "(model layers + noop layers); without: must equal the model's layers"),
+    KeyRow(MEGATRON, "moe_tp_extend_ep", TRANSLATED, "true: experts are not split by TP but "
+           "spread over TP x EP ranks = actor_config.expert_tensor_parallel_size 1 and "
+           "expert_model_parallel_size x tensor_model_parallel_size"),
+    *_na(MEGATRON, "use_flash_attn use_fused_rmsnorm use_fused_swiglu use_fused_rotary_pos_emb "
+         "no_masked_softmax_fusion attention_softmax_in_fp32 no_gradient_accumulation_fusion "
+         "gemm_gradient_accumulation_fusion shape_order no_bias_dropout_fusion "
+         "moe_grouped_gemm moe_permutation_async_comm moe_alltoall_overlap_comm "
+         "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type use_ascend_coc "
+         "coc_mode coc_parallel_num coc_fused_kernel use_fused_ring_attention_update "
+         "use_cp_send_recv_overlap npu_deterministic transformer_impl spec", _KERNEL),
+    *_na(MEGATRON, "reuse_fp32_param swap_optimizer swap_attention recompute_activation_function "
+         "overlap_grad_reduce overlap_param_gather ddp_bucket_size "
+         "accumulate_allreduce_grads_in_fp32 use_tp_pp_dp_mapping", _MEMORY),
+    *_na(MEGATRON, "no_shared_storage", "checkpoint storage across nodes: every rank writes "
+         "its own shards into actor_config.save (a shared file system is assumed)"),
+    *_na(MEGATRON, "reset_attention_mask no_pad_to_seq_lengths variable_seq_lengths "
+         "pad_to_multiple_of reset_position_ids", _PACKING),
+    *_na(MEGATRON, "use_mcore_models", "megatron-core models are the only ones here",
+         _one_of(True), "true"),
+    KeyRow(MEGATRON, "stage", TRANSLATED, "the algorithm is the launcher's: ray_grpo and "
+           "ray_dapo run under pretrain_grpo.py, ray_ppo under pretrain_ppo.py"),
+    *_na(MEGATRON, "tokenizer_type", "tokenizers are Hugging Face tokenizers",
+         _one_of("PretrainedFromHF", "HuggingFaceTokenizer", None), "PretrainedFromHF"),
+    *_na(MEGATRON, "distributed_backend", "the platform picks it (hccl / nccl / gloo)"),
+    *_na(MEGATRON, "split", "the whole data_path is the training set (evaluation reads "
+         "megatron_training.test_data_path)", _one_of("100,0,0", None), "100,0,0"),
+    *_same(MEGATRON, "no_shuffle", "megatron_training"),
+    *_na(MEGATRON, "full_shuffle_instruction_dataset", "prompts are shuffled per epoch with "
+         "megatron_training.seed here (or read in file order with no_shuffle); another order "
+         "changes the run", _off, "false"),
+    *_na(MEGATRON, "dataset_additional_keys", "the answers of a MindSpeed-RL packed dataset are "
+         "read from its labels field; other fields are not used"),
+    *_na(MEGATRON, "is_instruction_dataset is_pairwise_dataset skip_train do_sample use_kv_cache "
+         "load_checkpoint_loosely", "not used by GRPO here", _off, "false"),
+    *_na(MEGATRON, "attention_dropout hidden_dropout", "the policy trains without dropout here",
+         _one_of(0.0, None), "0.0"),
+    *_na(MEGATRON, "init_method_std", "weights are loaded, never initialised for training"),
+    *_na(MEGATRON, "initial_loss_scale", "loss scaling is for fp16; training here is bf16 or "
+         "fp32"),
+    *_na(MEGATRON, "optimizer", "the optimizer is Adam(W)", _one_of("adam", None), "adam"),
+    *_na(MEGATRON, "no_save_optim no_save_rng", "checkpoints always hold the optimizer and RNG "
+         "state here (a resumed run repeats the uninterrupted one)"),
+    *_na(MEGATRON, "context_parallel_size", "context parallelism is not implemented here; it "
+         "changes the layout", _at_most_one, "1"),
+    *_na(MEGATRON, "context_parallel_algo attention_mask_type", "context-parallel settings "
+         "(context_parallel_size is 1)"),
+    *_na(MEGATRON, "num_layers_per_virtual_pipeline_stage", "virtual pipeline stages are not "
+         "implemented here", _off, "null"),
+    *_na(MEGATRON, "ai_framework", "PyTorch only", _off, "null"),
+    *_na(MEGATRON, "lora_target_modules mm_model pretrained_checkpoint", "LoRA, multimodal "
+         "models and pretrained_checkpoint are not implemented here", _off, "null"),
+    *_na(MEGATRON, "lora_r lora_alpha lora_fusion lora_ckpt_filter", "LoRA settings (no "
+         "lora_target_modules)"),
+    *_na(MEGATRON, "dpo_loss_type ref_model refer_model_iter", "DPO settings; not used by "
+         "GRPO"),
+    *_na(MEGATRON, "log_interval log_throughput eval_interval eval_iters "
+         "enable_high_availability num_workers dataloader_type", _LOGGING),
+    *_na(MEGATRON, "prompt_type prompt_type_path tokenizer_not_use_fast tokenizer_padding_side "
+         "vocab_extra_ids make_vocab_size_divisible_by", _DATA_PREP + "; the vocabulary is "
+         "padded to a multiple of 128 internally and the pad columns are masked"),
+    *_na(MEGATRON, "algorithm", "the launcher decides the algorithm"),
+    *_na(MEGATRON, "use_rotary_position_embeddings", "every architecture built here uses "
+         "rotary position embeddings (from the model's config)"),
+    *_na(MEGATRON, "moe_router_load_balancing_type", "with moe_aux_loss_coeff 0 no balancing "
+         "loss is added; aux_loss is megatron-core's own", _one_of("aux_loss", "none", None),
+         "aux_loss or none"),
+    # architecture keys: the model yaml holds them
+    *_na(MEGATRON, "hidden_size ffn_hidden_size num_attention_heads kv_channels "
+         "group_query_attention num_query_groups untie_embeddings_and_output_weights "
+         "max_position_embeddings rotary_base norm_epsilon add_qkv_bias qk_layernorm "
+         "num_experts moe_ffn_hidden_size moe_router_topk padded_vocab_size "
+         "position_embedding_type normalization swiglu disable_bias_linear attention_bias "
+         "norm_topk_prob multi_latent_attention "
+         "n_shared_experts first_k_dense_replace moe_layer_freq seq_aux "
+         "moe_router_num_groups moe_router_group_topk moe_router_topk_scaling_factor "
+         "moe_router_score_function moe_router_enable_expert_bias qk_pos_emb_head_dim "
+         "qk_head_dim q_lora_rank kv_lora_rank v_head_dim rope_scaling_type rope_scaling_factor "
+         "low_freq_factor high_freq_factor original_max_position_embeddings beta_fast "
+         "beta_slow rope_scaling_mscale rope_scaling_mscale_all_dim "
+         "rope_scaling_original_max_position_embeddings", _MODEL_YAML, _off,
+         "absent here (the model yaml or the HF config.json holds the architecture)"),
+
+    # ---- rl_config ----------------------------------------------------------------------
+    *_same(RL, "n_samples_per_prompt mini_batch_size epochs clip_ratio kl_penalty init_kl_coef "
+           "entropy_coeff max_prompt_length adv_estimator verifier_function verifier_weight "
+           "actor_forward_micro_batch_size ref_forward_micro_batch_size use_tensorboard "
+           "use_wandb wandb_project gamma lam cliprange_value advantage_whiten use_kl_in_reward "
+           "kl_ctrl_type kl_horizon kl_target filter_groups_enable filter_groups_metric",
+           "rl_config"),
+    *_na(RL, "rule_reward", "rewards are the rule verifiers of verifier_function, plus the "
+         "reward model of reward_config when it is set", _one_of(True),
+         "true (for a reward model alone, leave verifier_function empty)"),
+    *_na(RL, "use_integrated_worker", "every role is co-located on every rank (what "
+         "MindSpeed-RL calls the integrated worker)", _one_of(True), "true"),
+    *_na(RL, "guarantee_order blocking num_cpus_for_local_task num_cpus_for_placement_group "
+         "hccl_buffersize runtime_env_path zmq_communication data_strategy "
+         "transfer_queue_data_shard_num transfer_queue_data_shard_port_base actor_resource "
+         "integrated_mode_config", _RAY),
+    *_na(RL, "async_engine", "generation is synchronous here", _off, "false"),
+    *_na(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch_size "
+         "reward_dispatch_size adv_dispatch_size actor_update_dispatch_size "
+         "dynamic_sampling_dispatch_size kl_dispatch_size", _DISPATCH),
+    *_na(RL, "use_remove_padding use_dynamic_bsz max_packing_token_size "
+         "ref_max_packing_token_size actor_max_packing_token_size "
+         "update_max_packing_token_size dynamic_max_batch_size ref_dynamic_max_batch_size "
+         "actor_dynamic_max_batch_size update_dynamic_max_batch_size use_dp_batch_balance",
+         _PACKING),
+    *_na(RL, "verifier_parallel verifier_timeout", "rule rewards are scored in-process on the "
+         "rank that generated the responses"),
+    *_na(RL, "log_max_throughput wandb_exp_name wandb_save_dir use_swanlab swanlab_mode "
+         "swanlab_project swanlab_exp_name swanlab_save_dir", _LOGGING),
+    KeyRow(RL, "token_level_loss", TRANSLATED, "-> rl_config.loss_agg_mode (true: "
+           "token-mean, false: seq-mean-token-mean)"),
+    *_na(RL, "shuffle_mini_batch", "mini-batches are taken in rollout order here", _off,
+         "false"),
+    *_na(RL, "beta num_samples_per_step", "not read by MindSpeed-RL's GRPO, PPO or DAPO "
+         "trainers either"),
+    *_na(RL, "reference_resource reward_resource critic_resource", _RAY),
+    *_na(RL, "vit_resource", _RAY + "; a ViT is not implemented here", _off, "null"),
+    KeyRow(RL, "clip_higher_enable", TRANSLATED, "true: rl_config.clip_ratio_low / "
+           "clip_ratio_high apply; false: they are dropped (clip_ratio on both sides)"),
+    *_same(RL, "clip_ratio_low clip_ratio_high", "rl_config"),
+    KeyRow(RL, "overlong_buffer_enable", TRANSLATED, "with overlong_buffer -> "
+           "rl_config.overlong_buffer_len (0 when false)"),
+    KeyRow(RL, "overlong_buffer", TRANSLATED, "-> rl_config.overlong_buffer_len (when "
+           "overlong_buffer_enable)"),
+    KeyRow(RL, "overlong_buffer_penalty_factor", TRANSLATED,
+           "-> rl_config.overlong_penalty_factor"),
+    KeyRow(RL, "rollout_max_tokens", TRANSLATED, "must equal generate_config.sampling_config."
+           "max_tokens (the overlong penalty ends there)"),
+    KeyRow(RL, "filter_groups_max_batches", TRANSLATED, "-> rl_config.max_num_gen_batches "
+           "(-1 -> 0, no limit)"),
+    KeyRow(RL, "filter_groups_train_batch_size", TRANSLATED, "the informative groups an "
+           "iteration trains on -> megatron_training.global_batch_size, and their "
+           "global_batch_size (prompts per generation round) -> rl_config.gen_batch_size"),
+    *_na(RL, "partial_rollout_max_split", "partial rollout is not implemented yet",
+         _at_most_one, "1"),
+    *_na(RL, "require_max_age_all_finished", "a partial-rollout setting"),
+    *_na(RL, "multi_turn_enable is_multimodal reuse_image_embeds colocate_actor_and_vit "
+         "share_backbone tp_split_expert", "multi-turn tool use, multimodal models, LoRA "
+         "backbone sharing and expert splitting in resharding are not implemented here",
+         _off, "false"),
+    *_na(RL, "tool_config_path max_tool_calls max_parallel_calls max_total_response_length "
+         "max_tool_response_length tool_response_truncate_side tool_parser_format "
+         "vit_forward_micro_batch_size actor_image_embeds_dispatch_size",
+         "multi-turn / multimodal settings (switched off)"),
+
+    # ---- generate_config ------------------------------------------------------------------
+    *_same(GENERATE, "infer_tensor_parallel_size infer_expert_parallel_size max_num_seqs "
+           "max_model_len max_num_batched_tokens dtype gpu_memory_utilization enforce_eager "
+           "offload_train_optimizer offload_train_grad offload_train_param "
+           "enable_prefix_caching enable_expert_parallel", "generate_config"),
+    *_na(GENERATE, "infer_pipeline_parallel_size", "vLLM runs without pipeline parallelism "
+         "(MindSpeed-RL does not support it either)", _at_most_one, "1"),
+    *_na(GENERATE, "trust_remote_code", "the supported architectures are built into vLLM and "
+         "transformers: no remote code is run"),
+    *_na(GENERATE, "num_scheduler_steps", "vLLM V1 schedules one step at a time"),
+    *_na(GENERATE, "torchair_graph ascend_scheduler_config_enabled", "vllm-ascend graph / "
+         "scheduler choices; enforce_eager is honoured"),
+    *_na(GENERATE, "data_parallel_size", "derived here: world size / "
+         "infer_tensor_parallel_size"),
+    *_na(GENERATE, "tokenizer_name_or_path", "vLLM uses megatron_training.tokenizer_name_or_path "
+         "and the model's config.json"),
+    *_na(GENERATE, "limit_mm_image_per_prompt limit_mm_video_per_prompt eplb_token_save_path",
+         "multimodal / expert-load-balancing settings (switched off)"),
+    *_na(GENERATE, "eplb_token_collects expert_map_path", "expert-load balancing (EPLB) is not "
+         "implemented here", _off, "false / null"),
+
+    # ---- generate_config.sampling_config ----------------------------------------------------
+    *_same(SAMPLING, "temperature top_p top_k min_p max_tokens seed logprobs",
+           "generate_config.sampling_config"),
+    *_na(SAMPLING, "detokenize", "responses are decoded for the verifiers in any case"),
+]
+
+_BY_KEY = {(r.family, r.name): r for r in ROWS}
+
+
+def row(family: str, name: str) -> KeyRow | None:
+    """The table row of ``name`` read in ``family``, or None when MindSpeed-RL has no such key."""
+    return _BY_KEY.get((family, name))
+
+
+def known_names(family: str) -> list[str]:
+    return [r.name for r in ROWS if r.family == family]
+
+
+def family_of(section: str) -> str | None:
+    for family, sections in FAMILY_SECTIONS.items():
+        if section in sections:
+            return family
+    return None
+
+
+def typo_hint(name: str, candidates, prefix: str = "") -> str | None:
+    """``did you mean X?`` only for a near-identical spelling.
+
+    difflib's usual cutoff (0.6) offers unrelated keys that share words
+    (actor_update_dispatch_size -> actor_forward_micro_batch_size); a hint must point at
+    a key meaning the same thing, so only a close misspelling qualifies.
+    """
+    matches = difflib.get_close_matches(str(name), list(candidates), n=1, cutoff=0.85)
+    return f"did you mean {prefix}{matches[0]}?" if matches else None
+
+
+def not_applicable_error(dotted: str, value: Any, r: KeyRow) -> ConfigError:
+    return ConfigError(dotted, f"cannot be honoured here: {r.detail}", f"accepted: {r.needs}; "
+                       "or remove the key", value=value)
+
+
+def notice_line(dotted: str, value: Any, r: KeyRow) -> str:
+    return f"{dotted}={show_value(value)}: {r.detail}"

@@ -1,0 +1,234 @@
+"""MindSpeed-RL's rule verifiers, under their names and with their scoring rules.
+
+A MindSpeed-RL config names these in ``rl_config.verifier_function``; each scores one
+decoded response against the gold answer (the ``labels`` of their datasets):
+
+============== ======================================================================
+name           score
+============== ======================================================================
+math_17k_acc   1 if the last ``\\boxed{}`` content equals the answer (mathruler's
+               ``grade_answer``: normalised string or sympy equality), else 0
+acc_for_ppo    the same rule as math_17k_acc
+base_acc       1 if the whole response has the ``<think>...</think>...<answer>...
+               \\boxed{...}...</answer>`` shape and math_17k_acc holds, else 0
+math_verify_   1 if the response has base_acc's shape and math-verify finds its answer
+reward         equal to ``\\boxed{answer}`` (the response parsed as an expression or
+               LaTeX), else 0
+acc_for_dapo   1 if the last ``Answer: X`` line in the last 300 characters equals the
+               answer after Minerva normalisation (Lewkowycz et al. 2022: units, TeX
+               spacing and text macros removed, the part after the last ``=`` kept),
+               else -1
+retool_reward  1 if the last ``\\boxed{}`` in the last 100 characters equals the answer
+               exactly, else -1 (MindSpeed-RL adds 0.1 per tool call to a negative
+               score; there are no tool calls here)
+acc            1 for a correct boxed answer, -0.5 for a wrong one, -1 when the response
+               has no ``boxed``; text after the first stop word (``</s>``,
+               ``<|im_end|>``, ``<|endoftext|>``) is ignored. Equality: mathruler's
+               grader (MindSpeed-RL uses its own math_eval_toolkit; the two agree on
+               numbers, fractions and LaTeX normal forms, not on every expression)
+format         1 if the response is ``<think>...</think>`` then ``<answer>...</answer>``
+               up to the end of a line, else 0
+strict_format  1 if the response starts with ``<think>``, ends with ``</answer>`` and
+               holds each of ``<think> </think> <answer> \\boxed{} </answer>`` exactly
+               once, in that order, else -0.5
+step           min(1, (number of "Step N:", "First,", "Second,", "Next,", "Finally,",
+               "\\n-", "\\n*" markers, or a leading "N.") / 3)
+============== ======================================================================
+
+Like every verifier here they never raise on model output: malformed text scores as a
+miss. This project's own ``format`` check of a final answer is ``final_answer_format``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from mindspeed_rl.rewards.registry import register_verifier
+
+logger = logging.getLogger(__name__)
+
+# <think> ... </think> ... <answer> ... \boxed{...} ... </answer>, the whole response.
+_THINK_ANSWER_BOXED = re.compile(r"<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>",
+                                 re.DOTALL)
+# format: from the start, a think block, blanks, an answer block ending a line.
+_THINK_THEN_ANSWER = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$",
+                                re.DOTALL | re.MULTILINE)
+_STEP_MARKERS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
+_ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+_STOP_WORDS = ("</s>", "<|im_end|>", "<|endoftext|>")
+_ASSISTANT_TURN = re.compile(r"^.*?<\|im_start\|>assistant", re.DOTALL)
+
+
+def _mathruler():
+    from mathruler.grader import extract_boxed_content, grade_answer
+
+    return extract_boxed_content, grade_answer
+
+
+def _boxed_equals(response: str, answer: str) -> bool:
+    extract, grade = _mathruler()
+    try:
+        return bool(grade(extract(response), str(answer)))
+    except Exception:  # noqa: BLE001 - sympy on model output: any failure is a miss
+        logger.debug("grading failed for %r", response[-200:], exc_info=True)
+        return False
+
+
+@register_verifier("math_17k_acc")
+def math_17k_acc(response: str, answer: str) -> float:
+    """1.0 when the last \\boxed{} equals the answer (mathruler), else 0.0."""
+    return 1.0 if isinstance(response, str) and _boxed_equals(response, answer) else 0.0
+
+
+@register_verifier("acc_for_ppo")
+def acc_for_ppo(response: str, answer: str) -> float:
+    """MindSpeed-RL's PPO accuracy: the same rule as ``math_17k_acc``."""
+    return math_17k_acc(response, answer)
+
+
+@register_verifier("base_acc")
+def base_acc(response: str, answer: str) -> float:
+    """1.0 when the response has the think/answer/boxed shape and its box is right."""
+    if not isinstance(response, str) or not _THINK_ANSWER_BOXED.fullmatch(response):
+        return 0.0
+    return 1.0 if _boxed_equals(response, answer) else 0.0
+
+
+@register_verifier("math_verify_reward")
+def math_verify_reward(response: str, answer: str) -> float:
+    """Shape as in ``base_acc``, then math-verify against ``\\boxed{answer}``."""
+    if not isinstance(response, str) or not _THINK_ANSWER_BOXED.fullmatch(response):
+        return 0.0
+    from math_verify.errors import TimeoutException
+    from math_verify.metric import math_metric
+    from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
+
+    score = math_metric(gold_extraction_target=(LatexExtractionConfig(),),
+                        pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
+    try:
+        value, _ = score(["\\boxed{" + str(answer) + "}"], [response])
+    except (Exception, TimeoutException):  # noqa: BLE001 - TimeoutException is a BaseException
+        return 0.0
+    return float(value)
+
+
+# ---- acc_for_dapo: Minerva's final-answer normalisation --------------------------------------
+# (text, replacement) applied in order, then the listed fragments removed.
+_MINERVA_SUBSTITUTIONS = (
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""),
+    ("mbox", "text"), (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+)
+_MINERVA_REMOVED = (
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units",
+    "\\ldots", "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm",
+    "pounds", "meters", "meals", "edges", "students", "childrentickets", "multiples",
+    "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}",
+    "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots",
+)
+
+
+def minerva_normalise(text: str) -> str:
+    """Normalise a final answer the way Minerva (and DAPO's scorer) compares them."""
+    text = text.split("=")[-1]
+    for before, after in _MINERVA_SUBSTITUTIONS:
+        text = text.replace(before, after)
+    for fragment in _MINERVA_REMOVED:
+        text = text.replace(fragment, "")
+    text = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", text)
+    for macro in ("text", "textbf", "overline"):
+        text = re.sub(r"(\\" + macro + r"\{)(.*?)(\})", "\\2", text)
+    text = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", text)
+    text = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", text)   # \fracab -> \frac{a}{b}
+    text = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", text)            # \sqrta -> \sqrt{a}
+    text = text.replace("$", "")
+    if text.replace(",", "").isdigit():
+        text = text.replace(",", "")
+    return text.strip()
+
+
+@register_verifier("acc_for_dapo")
+def acc_for_dapo(response: str, answer: str) -> float:
+    """1.0 when the last "Answer: X" (last 300 characters) matches after Minerva
+    normalisation, else -1.0."""
+    if not isinstance(response, str):
+        return -1.0
+    found = _ANSWER_LINE.findall(response[-300:])
+    predicted = minerva_normalise(found[-1] if found else "[INVALID]")
+    return 1.0 if predicted == minerva_normalise(str(answer)) else -1.0
+
+
+def _last_box(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` with balanced braces, or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + len("\\boxed{"):i]
+    return None
+
+
+@register_verifier("retool_reward")
+def retool_reward(response: str, answer: str) -> float:
+    """1.0 when the last box of the last 100 characters is exactly the answer, else -1.0."""
+    if not isinstance(response, str):
+        return -1.0
+    return 1.0 if _last_box(response[-100:]) == str(answer) else -1.0
+
+
+@register_verifier("acc")
+def acc(response: str, answer: str) -> float:
+    """1.0 right, -0.5 wrong, -1.0 without a boxed answer (see the module table)."""
+    if not isinstance(response, str):
+        return -1.0
+    text = _ASSISTANT_TURN.sub("<|im_start|>assistant", response, count=1)
+    for stop in _STOP_WORDS:
+        if stop in text:
+            text = text.split(stop)[0].strip()
+    if "boxed" not in text or not _last_box(text):
+        return -1.0
+    return 1.0 if _boxed_equals(text, answer) else -0.5
+
+
+@register_verifier("format")
+def think_answer_format(response: str, answer: str) -> float:
+    """1.0 for ``<think>...</think>`` then ``<answer>...</answer>``, else 0.0."""
+    del answer
+    return 1.0 if isinstance(response, str) and _THINK_THEN_ANSWER.match(response) else 0.0
+
+
+def _strict_structure(text: str) -> bool:
+    positions = {}
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        if text.count(tag) != 1:
+            return False
+        positions[tag] = text.find(tag)
+    boxes = list(re.finditer(r"\\boxed\{.*?\}", text))
+    if len(boxes) != 1:
+        return False
+    box = boxes[0].start()
+    return (positions["<think>"] < positions["</think>"] < positions["<answer>"] < box
+            < positions["</answer>"] and text.startswith("<think>")
+            and text.endswith("</answer>"))
+
+
+@register_verifier("strict_format")
+def strict_format(response: str, answer: str) -> float:
+    """1.0 for the exact think/answer/boxed structure, else -0.5."""
+    del answer
+    return 1.0 if isinstance(response, str) and _strict_structure(response) else -0.5
+
+
+@register_verifier("step")
+def reasoning_steps(response: str, answer: str) -> float:
+    """min(1, step markers / 3): rewards visibly step-by-step reasoning."""
+    del answer
+    if not isinstance(response, str):
+        return 0.0
+    return min(1.0, len(_STEP_MARKERS.findall(response)) / 3)

@@ -100,3 +100,15 @@ def test_resume_reproduces_uninterrupted_run(assets):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(str(hf_out)).config.model_type == "qwen2"
+
+
+def test_exit_duration_stops_with_a_checkpoint_and_an_evaluation(assets):
+    ckpt = assets["root"] / "ckpt_budget"
+    proc, rows = launch(assets, "budget", "megatron_training.train_iters=3",
+                        "megatron_training.exit_duration_in_mins=0.001",
+                        f"megatron_training.test_data_path={assets['test']}",
+                        f"actor_config.save={ckpt}")
+    assert sorted(training_rows(rows)) == [1]
+    assert [r["iteration"] for r in rows if "eval/accuracy" in r] == [0, 1]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert "exit_duration_in_mins=0.001: stopping after iteration 1 of 3" in proc.stdout

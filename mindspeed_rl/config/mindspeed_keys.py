@@ -110,7 +110,8 @@ ROWS: list[KeyRow] = [
 
     # ---- Megatron keys (megatron_training / actor_config) ----------------------------------
     *_same(MEGATRON, "model tokenizer_name_or_path global_batch_size seq_length train_iters "
-           "save_interval seed data_path bf16 use_distributed_optimizer sequence_parallel",
+           "save_interval seed data_path bf16 use_distributed_optimizer sequence_parallel "
+           "exit_duration_in_mins",
            "megatron_training"),
     *_same(MEGATRON, "micro_batch_size tensor_model_parallel_size pipeline_model_parallel_size "
            "expert_model_parallel_size lr min_lr lr_decay_style lr_warmup_fraction weight_decay "

@@ -48,6 +48,10 @@ class MegatronTrainingConfig:
     train_iters: int = setting(10, "GRPO iterations to run")
     save_interval: int = setting(0, "iterations between checkpoints to actor_config.save; "
                                     "0 = only after the last iteration")
+    exit_duration_in_mins: float | None = setting(None, (
+        "stop after the first iteration that ends this many minutes after training started "
+        "(Megatron's key): evaluate and checkpoint as after the last iteration; null = run "
+        "all train_iters"))
     seed: int = setting(1234, "seed of data order, initialisation and dropout")
     data_path: str = setting(doc="training prompts: a .jsonl/.json/.parquet file or a directory "
                                  "of them", path=True)

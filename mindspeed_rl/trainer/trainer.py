@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from mindspeed_rl.algorithms import KLController
@@ -72,6 +74,7 @@ class RLTrainer:
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))
         self.iteration = self.generation_round = 0  # the iteration being run, its round
+        self._saved_at = None  # the last iteration checkpointed
         if resume:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
@@ -98,22 +101,41 @@ class RLTrainer:
 
     # ---- the loop ----------------------------------------------------------------------
     def train(self) -> dict[str, float]:
-        """Run until ``train_iters``; evaluate before, every ``test_interval`` and at the end."""
+        """Run until ``train_iters`` (or ``exit_duration_in_mins``); evaluate before, every
+        ``test_interval`` and at the end; the last iteration always checkpoints."""
         mt = self.config.megatron_training
         last: dict[str, float] = {}
         if self.test_data is not None and self.state.iteration == 0:
             self.logger.log(0, self.evaluate())
-        start = self.state.iteration
+        start, started = self.state.iteration, time.monotonic()
         for it in rank0_progress(range(start, mt.train_iters), total=mt.train_iters - start,
                                  desc=self.config.algorithm.upper(), rank=self.rank):
             last = self.run_iteration(it + 1)
+            out_of_time = self._out_of_time(started)
             if self.test_data is not None and (
                     (mt.test_interval and (it + 1) % mt.test_interval == 0)
-                    or it + 1 == mt.train_iters):
+                    or it + 1 == mt.train_iters or out_of_time):
                 evaluation = self.evaluate()
                 self.logger.log(it + 1, evaluation)
                 last.update(evaluation)
+            if out_of_time:
+                if self._saved_at != it + 1:
+                    self.save_checkpoint()
+                if self.rank == 0:
+                    print(f"exit_duration_in_mins={mt.exit_duration_in_mins:g}: stopping after "
+                          f"iteration {it + 1} of {mt.train_iters}", flush=True)
+                break
         return last
+
+    def _out_of_time(self, started: float) -> bool:
+        """``exit_duration_in_mins`` has passed since training started (rank 0's clock
+        decides, so every rank stops after the same iteration)."""
+        budget = self.config.megatron_training.exit_duration_in_mins
+        if budget is None:
+            return False
+        flag = torch.tensor([float(time.monotonic() - started >= budget * 60)])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def run_iteration(self, iteration: int) -> dict[str, float]:
         """One iteration: the algorithm's phases in order; returns and logs its metrics."""
@@ -133,6 +155,7 @@ class RLTrainer:
                     or iteration == mt.train_iters:
                 with self.timers.phase("checkpoint"):
                     self.save_checkpoint()
+                    self._saved_at = iteration
         metrics.update(self.timers.pop())
         metrics.update(self._throughput(metrics))
         self.logger.log(iteration, metrics)

@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     from mindspeed_rl.config import ConfigError, load_config, make_plan, parse_launcher_args
     from mindspeed_rl.config.cli import main as config_main
 
+    from mindspeed_rl.metrics.console import quiet_known_noise  # [issue 13] console noise
+
+    quiet_known_noise()  # [issue 13] before torch, megatron and vLLM are imported
+    from mindspeed_rl.fault.launch_guard import LaunchGuard, report_config_error  # [issue 13]
+
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse_launcher_args(argv, prog="pretrain_grpo.py")
@@ -26,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
         plan = make_plan(config, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as error:
-        print(f"pretrain_grpo.py: error: {error}", file=sys.stderr)
-        return 2
+        return report_config_error("pretrain_grpo.py", error)  # [issue 13] once, torchrun file
 
     import torch.distributed as dist
 
@@ -36,24 +40,21 @@ def main(argv: list[str] | None = None) -> int:
     from mindspeed_rl.trainer import GRPOTrainer
 
     platform = setup_platform()
-    init_distributed(platform, timeout_s=max(1800, config.rl_config.transfer_dock_timeout_s))
+    init_distributed(platform, timeout_s=config.rl_config.collective_timeout_s)  # [issue 13]
+    guard = LaunchGuard("pretrain_grpo.py", config)  # [issue 13] phases, heartbeat
     trainer = None
     try:
         if dist.get_rank() == 0:
             print(plan.format(header=f"pretrain_grpo.py: {args.config} on {plan.world_size} "
                                      "ranks (memory figures are estimates)"), flush=True)
         trainer = GRPOTrainer(config, platform, plan.layout)
+        guard.training_starts(trainer.iteration)  # [issue 13] SIGTERM -> save at a boundary
         trainer.train()
-    except (ValueError, FileNotFoundError) as error:
-        # Bad input found while building (a dataset row, a tokenizer, a checkpoint): every
-        # rank reads the same files and fails alike, so report once and exit.
-        if dist.get_rank() == 0:
-            print(f"pretrain_grpo.py: error: {error}", file=sys.stderr, flush=True)
-        if os.environ.get("MINDSPEED_RL_DEBUG"):
-            raise
-        return 2
+    except BaseException as error:  # [issue 13] one line + exit status; may end the process
+        return guard.failed(error, trainer._save_checkpoint if trainer is not None else None)
     finally:
-        teardown_distributed(trainer.close if trainer is not None else None)
+        guard.teardown(lambda: teardown_distributed(  # [issue 13] (after a preemption too)
+            trainer.close if trainer is not None else None))
     return 0
 
 

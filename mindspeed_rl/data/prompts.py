@@ -63,6 +63,23 @@ def data_files(path: str, data_path_key: str = "megatron_training.data_path") ->
     return [path]
 
 
+def _check_utf8(path: str) -> None:
+    """Name the first line of a JSON file that is not UTF-8 (``datasets`` loads such bytes
+    and fails later, on access, without naming the file or the row)."""
+    jsonl = path.endswith(".jsonl")
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                where = (f"row {line_number - 1} (line {line_number})" if jsonl
+                         else f"line {line_number}")
+                raise ValueError(
+                    f"{where} of {path} is not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                    f"{e.start + 1}); re-encode the file as UTF-8, e.g. "
+                    f"iconv -f latin1 -t utf-8") from None
+
+
 def _load_table(path: str):
     """The rows of one file as a ``datasets.Dataset``, held in memory.
 
@@ -73,6 +90,8 @@ def _load_table(path: str):
     import datasets
 
     builder = _BUILDER_BY_SUFFIX[os.path.splitext(path)[1]]
+    if builder == "json":
+        _check_utf8(path)
     bars_were_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # one "Generating train split" bar per rank is noise
     try:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.algorithms import (entropy_from_vocab_parallel_logits, kl_penalty,
                                      logprobs_from_vocab_parallel_logits, masked_sum, policy_loss)
+from mindspeed_rl.fault.nonfinite import StepGuard  # [issue 13]
 
 # Padded vocabulary columns get this logit: exp() underflows to exactly 0 and, unlike
 # -inf, 0 * logit stays 0 in the entropy.
@@ -52,6 +53,7 @@ class OptimizerSettings:
     total_steps: int
     use_distributed_optimizer: bool
     bf16: bool
+    max_consecutive_skipped_steps: int = 3  # [issue 13] rl_config.max_consecutive_skipped_steps
 
 
 class MegatronActor:
@@ -87,6 +89,7 @@ class MegatronActor:
             lr_decay_steps=max(settings.total_steps, 1), lr_decay_style=settings.lr_decay_style,
             start_wd=settings.weight_decay, end_wd=settings.weight_decay,
             wd_incr_steps=max(settings.total_steps, 1), wd_incr_style="constant")
+        self.step_guard = StepGuard(settings.max_consecutive_skipped_steps)  # [issue 13]
 
     @property
     def chunks(self) -> list:
@@ -132,13 +135,18 @@ class MegatronActor:
             for key, value in (("pg_loss", pg_sum), ("kl_loss", kl_sum), ("entropy", ent_sum),
                                ("pg_clipfrac", stats["pg_clipfrac"] * n),
                                ("ppo_kl", stats["approx_kl"] * n), ("tokens", n)):
-                sums[key] = sums.get(key, 0.0) + float(value)
+                sums[key] = sums.get(key, 0.0) + float(value.detach())  # [issue 13] no warning
             return loss, n.to(torch.int), {"loss": loss.detach().clone()}
 
         _run_schedule(self.ddp, self.model, make_micro_batches(batch, micro_batch_size),
                       loss_fn, forward_only=False)
-        ok, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(increment=1)
+        # [issue 13] NaN/Inf in the loss or a gradient: every rank skips this step (weights
+        # and LR schedule unchanged); too many in a row raise NonFiniteError.
+        if self.step_guard.should_skip(sums.values(), self.ddp):
+            ok, grad_norm = False, float("nan")
+        else:
+            ok, grad_norm, _ = self.optimizer.step()
+            self.scheduler.step(increment=1)
         stats = _reduce_token_sums(sums)
         stats["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         stats["update_ok"] = float(bool(ok))

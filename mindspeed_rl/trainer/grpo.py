@@ -89,7 +89,8 @@ class GRPOTrainer:
             lr=ac.lr, min_lr=ac.min_lr, weight_decay=ac.weight_decay, adam_beta1=ac.adam_beta1,
             adam_beta2=ac.adam_beta2, clip_grad=ac.clip_grad, lr_decay_style=ac.lr_decay_style,
             lr_warmup_fraction=ac.lr_warmup_fraction, total_steps=mt.train_iters * steps_per_iter,
-            use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16))
+            use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16,
+            max_consecutive_skipped_steps=rl.max_consecutive_skipped_steps))  # [issue 13]
         self.reference = self.ref_swapper = None
         if rl.init_kl_coef:
             self.reference = build_policy_model(self.arch, params_dtype=dtype,
@@ -231,7 +232,10 @@ class GRPOTrainer:
         texts = [self.tokenizer.decode(r, skip_special_tokens=True)
                  for group in rollout.responses for r in group]
         answers = [p.answer for p in rollout.prompts for _ in range(self.n)]
-        total, _ = compute_rewards(texts, answers, rl.verifier_function, rl.verifier_weight)
+        total, _ = compute_rewards(texts, answers, rl.verifier_function, rl.verifier_weight,
+                                   row_labels=[f"{p.source_file} row {p.source_row} sample {j}"
+                                               for p in rollout.prompts
+                                               for j in range(self.n)])  # [issue 13]
         if self.is_gen_writer:
             self.dock.put({REWARD: list(total.unsqueeze(-1))}, rows=rollout.row_ids)
         else:
@@ -324,6 +328,7 @@ class GRPOTrainer:
             "actor/pg_loss": update["pg_loss"], "actor/kl_loss": update["kl_loss"],
             "actor/entropy": update["entropy"], "actor/pg_clipfrac": update["pg_clipfrac"],
             "actor/ppo_kl": update["ppo_kl"], "actor/grad_norm": update["grad_norm"],
+            "actor/skipped_steps": float(self.actor.step_guard.pop_skipped()),  # [issue 13]
             "actor/lr": self.actor.lr,
             "throughput/e2e_tokens_per_s_per_device":
                 (p_sum + l_sum) / max(timings["timing/all"], 1e-9) / self.world,

@@ -203,7 +203,7 @@ def run(args, config, plan) -> dict | None:
     from mindspeed_rl.trainer import GRPOTrainer
 
     platform = setup_platform()
-    init_distributed(platform, timeout_s=max(1800, config.rl_config.transfer_dock_timeout_s))
+    init_distributed(platform, timeout_s=config.rl_config.collective_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = None
     timed: list[dict] = []

@@ -172,7 +172,7 @@ def test_non_utf8_line(assets, tmp_path):
     rc, err = launch(assets, tmp_path / "run", **{"megatron_training.data_path": data})
     assert rc == 2
     assert_one_line_error(err, f"row 1 (line 2) of {data} is not valid UTF-8",
-                          "byte 0xe9 at column 15", "re-encode the file as UTF-8")
+                          "byte 0xe9 at column 16", "re-encode the file as UTF-8")
     assert not (tmp_path / "run").exists()
 
 

@@ -160,11 +160,27 @@ def assert_same_iteration(a: dict, b: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(assets):
+def reference_job(assets):
     """The uninterrupted run: 4 iterations."""
     job = start(assets, "reference", "megatron_training.train_iters=4")
     assert job.wait() == 0, job.text[-4000:]
+    return job
+
+
+@pytest.fixture(scope="module")
+def reference(assets, reference_job):
     return rows(assets, "reference")
+
+
+def test_console_shows_iterations_not_noise(reference_job):
+    """A healthy run prints its plan, one line per iteration and nothing of the known noise
+    (mindspeed_rl.metrics.console lists it)."""
+    text = reference_job.text
+    assert all(f"iter {i}/4 | reward" in text for i in range(1, 5))
+    for noise in ("INFO", "Processed prompts", "Rendering prompts", "Failed to load weights",
+                  "UserWarning", "FutureWarning", "DeprecationWarning", "requires_grad",
+                  "The global random seed", "libtcmalloc", "Setting OMP_NUM_THREADS"):
+        assert noise not in text, noise
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,6 +248,18 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(assets):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000001"]
     verify_checkpoint(ckpt / "iter_0000001")  # whole: every file as its manifest says
+
+    # Optimizer state has no conversion between sharded and unsharded layouts.
+    flipped = start(assets, "enospc_flip", f"actor_config.load={ckpt}",
+                    "megatron_training.use_distributed_optimizer=false")
+    assert flipped.wait() == 2, flipped.text[-4000:]
+    assert flipped.last_line() == (
+        f"pretrain_grpo.py: error: {ckpt / 'iter_0000001'}: its optimizer state was saved with "
+        "megatron_training.use_distributed_optimizer=true and cannot be loaded with "
+        "megatron_training.use_distributed_optimizer=false (no conversion between the two "
+        "layouts); set megatron_training.use_distributed_optimizer: true, or "
+        "actor_config.no_load_optim: true to keep the weights and start a fresh optimizer")
+    flipped.assert_nothing_left()
 
     # A damaged checkpoint is refused at start-up with the file named.
     shard = sorted((ckpt / "iter_0000001").glob("*.distcp"))[0]
@@ -344,3 +372,32 @@ def test_two_node_job_with_a_killed_rank_ends_with_one_line_per_node(assets):
     for job in jobs:
         assert "Traceback" not in job.text and "RendezvousConnectionError:" not in job.text
         job.assert_nothing_left()
+
+
+def agreement_body() -> list[str]:
+    """Rank 1 alone receives SIGTERM; at the boundary every rank stops, rank 0 included."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.fault.preemption import Preempted, preemption
+
+    preemption.install(60)
+    outcomes = []
+    try:
+        preemption.check(2)
+        outcomes.append("went on")
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the watcher thread sets the flag
+        preemption.check(3)
+        outcomes.append("went on")
+    except Preempted as stop:
+        outcomes.append(f"stopped before {stop.next_iteration}")
+    finally:
+        preemption.uninstall()
+    return outcomes
+
+
+def test_ranks_agree_on_a_sigterm_only_one_received():
+    from mindspeed_rl.testing import run_on_ranks
+
+    assert run_on_ranks(agreement_body, 2, timeout=120) == [["went on", "stopped before 3"]] * 2

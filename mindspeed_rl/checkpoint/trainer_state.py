@@ -88,7 +88,8 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, actor, 
 
             copy_metadata_files(hf_files_from, save_dir)
             write_meta(save_dir, architecture)
-    common = dict(common, iteration=iteration, scheduler=actor.scheduler.state_dict())
+    common = dict(common, iteration=iteration, scheduler=actor.scheduler.state_dict(),
+                  optimizer_layout=_optimizer_layout(actor))
     error = None
     try:
         _barrier()
@@ -148,6 +149,28 @@ def _broadcast_from_rank0(value):
     return box[0]
 
 
+def _optimizer_layout(actor) -> dict:
+    """The settings that fix how the optimizer state is sharded in the checkpoint."""
+    return {"megatron_training.use_distributed_optimizer":
+            bool(actor.ddp.ddp_config.use_distributed_optimizer),
+            "megatron_training.bf16": bool(actor.model.config.bf16)}
+
+
+def _check_optimizer_layout(path: Path, saved: dict | None, actor) -> None:
+    """Optimizer state has no conversion between these layouts: name the key to set back."""
+    if saved is None:  # written before the layout was recorded
+        return
+    now = _optimizer_layout(actor)
+    for key, value in saved.items():
+        if now.get(key, value) != value:
+            raise CheckpointError(
+                f"{path}: its optimizer state was saved with {key}={str(value).lower()} and "
+                f"cannot be loaded with {key}={str(now[key]).lower()} (no conversion between "
+                f"the two layouts); set {key}: {str(value).lower()}, or "
+                "actor_config.no_load_optim: true to keep the weights and start a fresh "
+                "optimizer")
+
+
 def has_training_checkpoint(load_dir: str | os.PathLike | None) -> bool:
     """True when ``load_dir`` holds a checkpoint written by the trainer (not a release one)."""
     if not load_dir:
@@ -166,18 +189,27 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, actor, *, load_optimize
     verify_checkpoint(path)
     common = dist_checkpointing.load_common_state_dict(str(path))["common"]
     if load_optimizer:
+        _check_optimizer_layout(path, common.get("optimizer_layout"), actor)
+    if load_optimizer:
         # A fresh torch-Adam has no state (no 'step') to load into: create it; the
         # values are overwritten by the load (megatron does the same for FSDP).
         for opt in getattr(actor.optimizer, "chained_optimizers", [actor.optimizer]):
-            opt._init_optimizer_states_with_dummy_values()
-    with torch.no_grad():
-        state = dist_checkpointing.load(
-            _state_dict(actor, {}, loading=True, with_optimizer=load_optimizer, with_rng=load_rng),
-            str(path))
-        actor.model.load_state_dict(state["model"], strict=True)
-        if load_optimizer:
-            actor.optimizer.load_state_dict(state["optimizer"])
-            actor.scheduler.load_state_dict(common["scheduler"])
+            if hasattr(opt, "_init_optimizer_states_with_dummy_values"):  # the sharded one;
+                opt._init_optimizer_states_with_dummy_values()  # FP32Optimizer inits itself
+    try:
+        with torch.no_grad():
+            state = dist_checkpointing.load(
+                _state_dict(actor, {}, loading=True, with_optimizer=load_optimizer,
+                            with_rng=load_rng), str(path))
+            actor.model.load_state_dict(state["model"], strict=True)
+            if load_optimizer:
+                actor.optimizer.load_state_dict(state["optimizer"])
+                actor.scheduler.load_state_dict(common["scheduler"])
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
+        if collective_failure_kind(exc):
+            raise
+        raise CheckpointError(f"{path}: cannot be loaded into this run's model and optimizer: "
+                              f"{_root_cause(exc)}") from exc
     if load_rng:
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 

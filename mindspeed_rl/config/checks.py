@@ -158,8 +158,9 @@ def _check_lengths(config: RLJobConfig) -> None:
     _require(total <= gen.max_model_len, "generate_config.sampling_config.max_tokens", response,
              f"rl_config.max_prompt_length={prompt} + max_tokens={response} = {total} is larger "
              f"than generate_config.max_model_len={gen.max_model_len}",
-             f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
-             f"generate_config.max_model_len to at least {total}")
+             (f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
+              if gen.max_model_len > prompt else "lower rl_config.max_prompt_length or raise ")
+             + f"generate_config.max_model_len to at least {total}")
     _require(total <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
              f"cannot hold rl_config.max_prompt_length={prompt} + "
              f"generate_config.sampling_config.max_tokens={response} = {total} tokens",

@@ -100,7 +100,8 @@ def _load_table(path: str):
                                          split="train", cache_dir=cache_dir,
                                          keep_in_memory=True)
     except Exception as e:
-        raise ValueError(f"cannot read data file {path} as {builder}: {e}") from e
+        raise ValueError(f"cannot read data file {path} as {builder}: "
+                         f"{type(e).__name__}: {e}") from e
     finally:
         if bars_were_enabled:
             datasets.enable_progress_bars()
@@ -123,6 +124,8 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     """
     rows: list[RawPrompt] = []
     for file in data_files(path, data_path_key):
+        if os.path.getsize(file) == 0:  # datasets fails on it with an empty message
+            continue
         table = _load_table(file)
         if len(table) == 0:
             continue

@@ -270,3 +270,20 @@ def test_kv_cache_too_small_for_one_sequence(assets, tmp_path):
     assert_one_line_error(err, "generate_config.max_model_len=40000: one sequence needs",
                           "GiB of KV cache but vLLM has 1", "VLLM_CPU_KVCACHE_SPACE=1 GiB",
                           "lower max_model_len")
+
+
+def test_shell_launcher_ends_with_the_error(assets, tmp_path):
+    """shell/launch_grpo.sh (the Megatron-style launcher of the Qwen scripts) runs torchrun
+    through mindspeed_rl.fault.torchrun: its last line is the error, not a traceback."""
+    from mindspeed_rl.testing.multiprocess import free_port
+
+    env = dict(os.environ, NPROC_PER_NODE="1", MASTER_PORT=str(free_port()),
+               PYTHON=sys.executable, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(["bash", str(ROOT / "shell" / "launch_grpo.sh"), str(CONFIG),
+                           *overrides(assets), "rl_config.n_sample_per_prompt=4"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = [line for line in proc.stdout.splitlines() if line.strip()]  # tee'd to stdout
+    assert out[-1] == ("pretrain_grpo.py: error: rl_config.n_sample_per_prompt (command-line "
+                       "override): unknown key; did you mean rl_config.n_samples_per_prompt?")
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -8,6 +8,7 @@ from mindspeed_rl.checkpoint.megatron_dir import (
 )
 
 __all__ = [
-    "CheckpointError", "MANIFEST_FILE", "META_FILE", "TRACKER_FILE", "checkpoint_path", "load_megatron_checkpoint",
-    "read_meta", "save_megatron_checkpoint", "verify_checkpoint", "write_meta",
+    "CheckpointError", "MANIFEST_FILE", "META_FILE", "TRACKER_FILE", "checkpoint_path",
+    "load_megatron_checkpoint", "read_meta", "save_megatron_checkpoint", "verify_checkpoint",
+    "write_meta",
 ]

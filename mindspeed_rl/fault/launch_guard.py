@@ -124,21 +124,15 @@ class LaunchGuard:
     def _print_once(self, message: str) -> None:
         """Print ``message`` on the first rank that reports it (the ranks of a job
         usually fail alike on bad input; asymmetric failures still print)."""
-        first = True
-        store = tracker._store
-        if store is not None:
-            try:
-                digest = hashlib.sha1(message.encode()).hexdigest()[:16]
-                first = store.add(f"error/{digest}", 1) == 1
-            except Exception:  # noqa: BLE001 - no store: print on every failing rank
-                pass
-        if first:
+        if tracker.first_to_claim("error/" + hashlib.sha1(message.encode()).hexdigest()[:16]):
             print(message, file=sys.stderr, flush=True)
 
     def failed(self, error: BaseException,
                save_checkpoint: Callable[[], object] | None = None) -> int:
         """Handle the exception that ended the run; returns the exit status (0 after a
         preemption) or ends the process."""
+        if isinstance(error, SystemExit):
+            raise error
         if isinstance(error, Preempted):
             return self._preempted(error, save_checkpoint)
         if isinstance(error, KeyboardInterrupt):

@@ -164,6 +164,16 @@ class PhaseTracker:
             except Exception:  # noqa: BLE001 - the store's host is gone: nothing to publish to
                 return
 
+    def first_to_claim(self, key: str) -> bool:
+        """True on the first rank of the job to claim ``key`` (e.g. to print a message that
+        every rank would print alike); True everywhere when the store cannot be reached."""
+        if self._store is None:
+            return True
+        try:
+            return self._store.add(f"claim/{key}", 1) == 1
+        except Exception:  # noqa: BLE001 - no store: let every rank speak
+            return True
+
     def peers(self, watch_s: float | None = None, deadline_s: float = 10.0) -> list[PeerState]:
         """Every other rank's published state; ``responding`` from watching the heartbeats
         for ``watch_s`` (default 2.5 heartbeats). Empty when the store cannot be read

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         # loads, and removed again so the ranks keep their own C++ warnings.
         had = os.environ.get("TORCH_CPP_LOG_LEVEL")
         os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - loads c10 while the variable is set
 
         if had is None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]

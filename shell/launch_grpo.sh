@@ -28,6 +28,11 @@ LAUNCHER=${LAUNCHER:-pretrain_grpo.py}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NAME=$(basename "$CONFIG" .yaml)
 mkdir -p logs
-torchrun --nproc_per_node "$NPROC_PER_NODE" --nnodes "$NNODES" --node_rank "$NODE_RANK" \
-  --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+# torchrun through mindspeed_rl.fault.torchrun: same arguments and agent, but a failed job
+# ends with its one-line cause (not torchrun's ChildFailedError traceback), and SIGTERM
+# (preemption) saves a checkpoint and exits 0. A hung rank is bounded by
+# rl_config.collective_timeout_s (docs/reliability.md).
+"${PYTHON:-python}" -m mindspeed_rl.fault.torchrun --nproc_per_node "$NPROC_PER_NODE" \
+  --nnodes "$NNODES" --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR" \
+  --master_port "$MASTER_PORT" \
   "$LAUNCHER" --config "$CONFIG" "$@" 2>&1 | tee "logs/${NAME}_node${NODE_RANK}.log"

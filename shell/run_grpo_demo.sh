@@ -10,6 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/demo_common.sh"
 prepare_demo
 OUT=outputs/grpo_smollm2_demo
 echo "[demo] GRPO on 2 CPU ranks (about 12 minutes on 2 cores); metrics: $OUT/logs/metrics.jsonl"
-"$PY" -m torch.distributed.run --standalone --nproc_per_node 2 pretrain_grpo.py \
+# mindspeed_rl.fault.torchrun is torchrun whose failures end with their one-line cause.
+"$PY" -m mindspeed_rl.fault.torchrun --standalone --nproc_per_node 2 pretrain_grpo.py \
   --config configs/grpo_smollm2_demo.yaml "$@"
 summarize_demo "$OUT"

@@ -509,3 +509,11 @@ def test_dapo_configs_dry_run_at_their_world_size(monkeypatch, name, world, tp, 
 def test_bad_dapo_values_fail_before_any_process_group(job, override, expected):
     path = job(rl_config={"filter_groups_enable": True})
     assert expected in error_of(load_config, path, [override])
+
+
+def test_docs_key_reference_is_the_schema():
+    """docs/config.md's key reference is generated from the schema: regenerate it with
+    `python -m mindspeed_rl.config.reference --write` after changing a key."""
+    from mindspeed_rl.config.reference import key_reference
+
+    assert (REPO / "docs" / "config.md").read_text().endswith(key_reference())

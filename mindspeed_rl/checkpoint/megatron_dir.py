@@ -7,6 +7,7 @@ Layout (Megatron conventions, plus the HF files the model and tokenizer come fro
       mindspeed_rl_meta.json            # architecture name, format version
       latest_checkpointed_iteration.txt # "release" (converted) or the last iteration number
       release/ | iter_0000100/          # megatron-core distributed checkpoint (torch_dist)
+        manifest.json                   # size and SHA-256 of every file, verified on load
 
 The weights are a megatron-core `dist_checkpointing` checkpoint of the model's
 ``sharded_state_dict``: each tensor is stored with its global shape and megatron
@@ -23,6 +24,7 @@ from typing import Collection
 import torch.distributed as dist
 
 from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
 
 META_FILE = "mindspeed_rl_meta.json"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -69,6 +71,50 @@ def checkpoint_path(mg_dir: str | os.PathLike, iteration: int | None | str = "la
     return path
 
 
+# TransformerConfig fields that fix the shape of the weights (compared before loading).
+_SHAPE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                 "num_query_groups", "kv_channels", "add_qkv_bias", "qk_layernorm",
+                 "num_moe_experts", "moe_ffn_hidden_size")
+
+
+def check_checkpoint_fits(mg_dir: str | os.PathLike, model) -> None:
+    """Refuse a checkpoint of another architecture or vocabulary before megatron reads it.
+
+    The checkpoint folder carries the HF config.json it was made from; its megatron
+    shape is compared with ``model`` (this rank's GPTModel), and the first field that
+    differs is named.
+    """
+    import dataclasses
+
+    from megatron.core.transformer import TransformerConfig
+
+    from mindspeed_rl.models.hf_io import load_hf_config
+    from mindspeed_rl.models.registry import describe_model
+
+    if not (Path(mg_dir) / "config.json").is_file():
+        return  # nothing to compare with; megatron's load names the tensor that differs
+    saved = describe_model(load_hf_config(mg_dir))
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    differences = []
+    for name in _SHAPE_FIELDS:
+        expected = saved.transformer_config_kwargs.get(name, defaults.get(name))
+        actual = getattr(model.config, name, None)
+        if name == "kv_channels" and expected is None:
+            continue  # derived from hidden_size / heads, compared through them
+        if expected != actual:
+            differences.append(f"{name}={expected} (the model has {actual})")
+    model_vocab = getattr(model, "vocab_size", None)
+    if model_vocab is not None and model_vocab != saved.padded_vocab_size:
+        differences.append(f"a vocabulary of {saved.padded_vocab_size} rows after padding "
+                           f"(the model has {model_vocab})")
+    if differences:
+        raise CheckpointError(
+            f"{mg_dir}: holds a {saved.name} checkpoint with {'; '.join(differences[:3])} "
+            f"(from {Path(mg_dir) / 'config.json'}); start from a checkpoint of the model in "
+            "megatron_training.model, or convert this one with tools/convert_ckpt.py and use "
+            "it as the model")
+
+
 def save_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | None = None) -> Path:
     """Collectively save ``model`` (this rank's megatron module) and update the tracker file.
 
@@ -83,6 +129,9 @@ def save_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
     if dist.is_initialized():
         dist.barrier()
     dist_checkpointing.save(model.sharded_state_dict(), str(path))
+    files = describe_files(path)  # collective; the manifest makes the folder complete
+    if rank == 0:
+        write_manifest(path, files)
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
@@ -112,6 +161,8 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = checkpoint_path(mg_dir, iteration)
+    check_checkpoint_fits(mg_dir, model)
+    verify_checkpoint(path)  # names a missing or truncated file before megatron reads any
     try:
         # Megatron-LM's torch_dist checkpoints pickle their args into common.pt; torch.load
         # is weights_only by default and megatron-core registers its allow-list (its args

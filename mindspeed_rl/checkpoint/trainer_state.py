@@ -1,11 +1,17 @@
-"""Trainer checkpoints: actor model, optimizer, LR schedule, RNG, iteration, data position.
+"""Trainer checkpoints: every trainable role's model, optimizer and LR schedule (the actor's
+under the keys of a plain model checkpoint, the critic's prefixed ``critic.``), RNG, the
+trainer's common state (iteration, data position...) and each rank's own state.
 
 Written into the same directory layout as converted checkpoints (``iter_0000010/``
 + ``latest_checkpointed_iteration.txt`` + the HF config/tokenizer files), so a
 training checkpoint is also an initial checkpoint for another run and converts
 to HF with ``tools/convert_ckpt.py``. Saving is atomic: every rank writes into
-``iter_XXXXXXX.tmp``; rank 0 renames it and only then moves the tracker file.
-A failed save removes the temporary folder; the previous checkpoint stays valid.
+``iter_XXXXXXX.tmp``; the ranks agree every shard was written, hash the files
+(:mod:`~mindspeed_rl.checkpoint.manifest`); rank 0 writes the manifest, renames the
+folder and only then moves the tracker file. A failed save (a full disk, a lost
+rank) removes the temporary folder and raises the same error on every rank; the
+previous checkpoint stays valid and ``latest`` keeps naming it. Temporary folders
+left by a killed run are removed by the next save. Loading verifies the manifest.
 """
 
 from __future__ import annotations
@@ -17,9 +23,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 from mindspeed_rl.checkpoint.errors import CheckpointError
-from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, checkpoint_path,
+from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
+from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _root_cause,
+                                                  check_checkpoint_fits, checkpoint_path,
                                                   iteration_dir_name, write_meta)
+from mindspeed_rl.fault import injection
+from mindspeed_rl.fault.collective import collective_failure_kind
 
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -113,43 +125,100 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
     tmp = save_dir / (final.name + ".tmp")
     if _rank() == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in save_dir.glob("iter_*.tmp"):  # left by a killed save: never complete
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
         if hf_files_from and not (save_dir / META_FILE).exists():
             from mindspeed_rl.models.hf_io import copy_metadata_files
 
             copy_metadata_files(hf_files_from, save_dir)
             write_meta(save_dir, architecture)
-    _barrier()
     # An optimizer that never stepped (PPO's actor during critic_warmup) has no state to
     # save (megatron's distributed optimizer refuses); it resumes fresh, as it was.
     stepped = {name for name, t in trainables.items() if t.scheduler.num_steps > 0}
     common = dict(common, iteration=iteration, optimizers_saved=sorted(stepped),
-                  schedulers={name: t.scheduler.state_dict() for name, t in trainables.items()})
-    ok = torch.zeros(1)
+                  schedulers={name: t.scheduler.state_dict() for name, t in trainables.items()},
+                  optimizer_layout=_optimizer_layout(trainables["actor"]))
+    error = None
     try:
-        dist_checkpointing.save(_state_dict(trainables, common, loading=False,
-                                            with_optimizer=stepped, with_rng=True,
-                                            per_rank=per_rank), str(tmp))
-        ok.fill_(1)
-    finally:
-        # Every rank learns whether every rank wrote its shards before anything is renamed.
-        if dist.is_initialized():
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if _rank() == 0:
-            if ok.item() == 1:
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(tmp, final)
-                tracker_tmp = save_dir / (TRACKER_FILE + ".tmp")
-                tracker_tmp.write_text(f"{iteration}\n")
-                os.replace(tracker_tmp, save_dir / TRACKER_FILE)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
         _barrier()
-    if ok.item() != 1:
-        raise CheckpointError(f"{tmp}: saving iteration {iteration} failed on some rank; "
-                              f"the previous checkpoint in {save_dir} is unchanged")
+        try:
+            dist_checkpointing.save(_state_dict(trainables, common, loading=False,
+                                                with_optimizer=stepped, with_rng=True,
+                                                per_rank=per_rank), str(tmp))
+            injection.point("checkpoint_write")  # test hook (MINDSPEED_RL_FAULT_INJECT)
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported everywhere
+            if collective_failure_kind(exc):  # a lost rank: the agreement below cannot happen
+                raise
+            error = f"rank {_rank()}: {_root_cause(exc)}"
+        # Every rank learns whether every rank wrote its shards before anything is renamed.
+        errors = [e for e in _gather(error) if e]
+        files = describe_files(tmp) if not errors else {}
+        status = None
+        if _rank() == 0:
+            try:
+                if errors:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:
+                    write_manifest(tmp, files)
+                    shutil.rmtree(final, ignore_errors=True)
+                    os.replace(tmp, final)
+                    tracker_tmp = save_dir / (TRACKER_FILE + ".tmp")
+                    tracker_tmp.write_text(f"{iteration}\n")
+                    os.replace(tracker_tmp, save_dir / TRACKER_FILE)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                status = f"rank 0: {type(exc).__name__}: {exc}"
+        status = _broadcast_from_rank0(status)
+    except BaseException:
+        # A lost rank (timeout) or an interrupt: leave no half-written folder behind.
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if errors or status:
+        raise CheckpointError(
+            f"{final}: saving iteration {iteration} failed ({(errors or [status])[0]}); the "
+            f"previous checkpoint in {save_dir} is unchanged and "
+            f"{TRACKER_FILE} still names it")
     return final
+
+
+def _gather(value) -> list:
+    if not dist.is_initialized():
+        return [value]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _broadcast_from_rank0(value):
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _optimizer_layout(actor) -> dict:
+    """The settings that fix how the optimizer state is sharded in the checkpoint."""
+    return {"megatron_training.use_distributed_optimizer":
+            bool(actor.ddp.ddp_config.use_distributed_optimizer),
+            "megatron_training.bf16": bool(actor.model.config.bf16)}
+
+
+def _check_optimizer_layout(path: Path, saved: dict | None, actor) -> None:
+    """Optimizer state has no conversion between these layouts: name the key to set back."""
+    if saved is None:  # written before the layout was recorded
+        return
+    now = _optimizer_layout(actor)
+    for key, value in saved.items():
+        if now.get(key, value) != value:
+            raise CheckpointError(
+                f"{path}: its optimizer state was saved with {key}={str(value).lower()} and "
+                f"cannot be loaded with {key}={str(now[key]).lower()} (no conversion between "
+                f"the two layouts); set {key}: {str(value).lower()}, or "
+                "actor_config.no_load_optim: true to keep the weights and start a fresh "
+                "optimizer")
 
 
 def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
@@ -160,29 +229,40 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     from megatron.core import dist_checkpointing
 
     path = checkpoint_path(load_dir, "latest")
+    actor = trainables["actor"]
+    check_checkpoint_fits(load_dir, actor.model)
+    verify_checkpoint(path)
     common = dist_checkpointing.load_common_state_dict(str(path))["common"]
     saved_roles = set(common.get("schedulers", {"actor": None}))
     missing = sorted(set(trainables) - saved_roles)
     if missing:
-        raise CheckpointError(f"{path}: holds no state of {missing} (it saved {sorted(saved_roles)}); "
-                              "resume a run with the same roles, or start from a converted "
-                              "checkpoint")
+        raise CheckpointError(f"{path}: holds no state of {missing} (it saved "
+                              f"{sorted(saved_roles)}); resume a run with the same roles, or "
+                              "start from a converted checkpoint")
+    if load_optimizer:
+        _check_optimizer_layout(path, common.get("optimizer_layout"), actor)
     optimizers = set(common.get("optimizers_saved", trainables)) if load_optimizer else set()
     optimizers &= set(trainables)
     for name in optimizers:
         trainables[name].prepare_optimizer_for_load()
-    with torch.no_grad():
-        state = dist_checkpointing.load(
-            _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
-                        with_rng=load_rng), str(path))
-        schedulers = common.get("schedulers") or {"actor": common.get("scheduler")}
-        for name, role in trainables.items():
-            part = state if name == "actor" else state[name]
-            role.model.load_state_dict(part["model"], strict=True)
-            if name in optimizers:
-                role.optimizer.load_state_dict(part["optimizer"])
-            if load_optimizer:
-                role.scheduler.load_state_dict(schedulers[name])
+    try:
+        with torch.no_grad():
+            state = dist_checkpointing.load(
+                _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
+                            with_rng=load_rng), str(path))
+            schedulers = common.get("schedulers") or {"actor": common.get("scheduler")}
+            for name, role in trainables.items():
+                part = state if name == "actor" else state[name]
+                role.model.load_state_dict(part["model"], strict=True)
+                if name in optimizers:
+                    role.optimizer.load_state_dict(part["optimizer"])
+                if load_optimizer:
+                    role.scheduler.load_state_dict(schedulers[name])
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
+        if collective_failure_kind(exc):
+            raise
+        raise CheckpointError(f"{path}: cannot be loaded into this run's models and optimizers: "
+                              f"{_root_cause(exc)}") from exc
     if load_rng:
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 

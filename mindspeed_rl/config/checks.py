@@ -82,6 +82,8 @@ def _check_ranges(config: RLJobConfig) -> None:
         "rl_config.actor_forward_micro_batch_size": rl.actor_forward_micro_batch_size,
         "rl_config.ref_forward_micro_batch_size": rl.ref_forward_micro_batch_size,
         "rl_config.transfer_dock_timeout_s": rl.transfer_dock_timeout_s,
+        "rl_config.collective_timeout_s": rl.collective_timeout_s,
+        "rl_config.max_consecutive_skipped_steps": rl.max_consecutive_skipped_steps,
         "generate_config.infer_tensor_parallel_size": gen.infer_tensor_parallel_size,
         "generate_config.max_num_seqs": gen.max_num_seqs,
         "generate_config.max_model_len": gen.max_model_len,
@@ -269,8 +271,9 @@ def _check_lengths(config: RLJobConfig) -> None:
     _require(total <= gen.max_model_len, "generate_config.sampling_config.max_tokens", response,
              f"rl_config.max_prompt_length={prompt} + max_tokens={response} = {total} is larger "
              f"than generate_config.max_model_len={gen.max_model_len}",
-             f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
-             f"generate_config.max_model_len to at least {total}")
+             (f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
+              if gen.max_model_len > prompt else "lower rl_config.max_prompt_length or raise ")
+             + f"generate_config.max_model_len to at least {total}")
     # seq_length is the prompt data's length in MindSpeed-RL (prompts are read cut to it);
     # here prompts longer than max_prompt_length are dropped instead, never cut.
     _require(prompt <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
@@ -298,7 +301,8 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 
 
 def check_data_files(config: RLJobConfig) -> None:
-    """The data files exist (not needed, and not checked, by the dry-run)."""
+    """The data files exist and the output folders are writable (not needed, and not
+    checked, by the dry-run)."""
     mt = config.megatron_training
     for key, value in (("megatron_training.data_path", mt.data_path),
                        ("megatron_training.test_data_path", mt.test_data_path)):
@@ -306,6 +310,8 @@ def check_data_files(config: RLJobConfig) -> None:
             raise ConfigError(key, "no such file, directory or indexed-dataset prefix",
                               "check the path (relative paths resolve against the current "
                               f"working directory, {os.getcwd()})", value=value)
+    check_output_dirs(config)
+    check_tokenizer_fits(config)
 
 
 def _check_training_features(config: RLJobConfig) -> None:
@@ -388,3 +394,61 @@ def _check_verifiers(config: RLJobConfig) -> None:
 def _indexed_prefix(path: str) -> bool:
     """A MindSpeed-RL packed indexed dataset prefix (P_packed_input_ids_document.idx)."""
     return Path(f"{path}_packed_input_ids_document.idx").is_file()
+
+
+def check_output_dirs(config: RLJobConfig) -> None:
+    """``log_dir`` and ``save`` can be written (checked before any rank starts work, so a
+    bad path fails at once on every rank instead of on rank 0 mid-run).
+
+    Nothing is created: the nearest existing folder must be a directory where a file
+    can be made (a probe file is created and removed at once, which also catches
+    read-only file systems and immutable folders, where permission bits say nothing).
+    """
+    import tempfile
+
+    for key, value in (("megatron_training.log_dir", config.megatron_training.log_dir),
+                       ("actor_config.save", config.actor_config.save)):
+        if not value:
+            continue
+        path = Path(value)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(key, "exists and is not a directory",
+                              "point it to a directory, or move the file away", value=value)
+        existing = path
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError(key, f"cannot be created: {existing} is a file",
+                              "point it below a directory", value=value)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".mindspeed_rl_probe_", dir=existing)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise ConfigError(key, f"cannot write in {existing} ({exc.strerror})",
+                              "choose a writable directory", value=value) from None
+
+
+def check_tokenizer_fits(config: RLJobConfig) -> None:
+    """Every token id of the tokenizer has a row in the model's embedding (a local tokenizer
+    only; a hub id is checked when it is loaded)."""
+    mt, model = config.megatron_training, config.model
+    source = mt.tokenizer_name_or_path or model.hf_dir
+    own = model.hf_dir is not None and Path(source) == Path(model.hf_dir)  # the model's own
+    key = "megatron_training.model" if own else "megatron_training.tokenizer_name_or_path"
+    if not source or not Path(source).is_dir():
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        num_tokens = len(AutoTokenizer.from_pretrained(source))
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types; name the folder
+        raise ConfigError(key, f"the tokenizer in {source} cannot be loaded ({exc})",
+                          "point it to a folder with tokenizer.json or tokenizer_config.json",
+                          value=source) from None
+    if num_tokens > model.vocab_size:
+        raise ConfigError(
+            key, f"the tokenizer in {source} has {num_tokens} tokens but the model's "
+            f"vocab_size is {model.vocab_size} ({model.source}): ids >= {model.vocab_size} "
+            "have no embedding", "use the tokenizer the model was trained with, or a model "
+            "whose vocab_size covers it", value=source)

@@ -53,8 +53,10 @@ class MegatronTrainingConfig:
         "(Megatron's key): evaluate and checkpoint as after the last iteration; null = run "
         "all train_iters"))
     seed: int = setting(1234, "seed of data order, initialisation and dropout")
-    data_path: str = setting(doc="training prompts: a .jsonl/.json/.parquet file or a directory "
-                                 "of them", path=True)
+    data_path: str = setting(doc=(
+        "training prompts: a .jsonl/.json/.parquet file, a directory of them, or the prefix of a "
+        "MindSpeed-RL packed indexed dataset (P for P_packed_input_ids_document.{bin,idx}; "
+        "docs/algorithms.md)"), path=True)
     test_data_path: str | None = setting(None, "evaluation prompts (same format); null = no "
                                                "evaluation", path=True)
     no_shuffle: bool = setting(False, "read the training prompts in file order instead of a "
@@ -210,8 +212,16 @@ class RLConfig:
     transfer_dock_mode: Literal["distributed", "centralized"] = setting(
         "distributed", "TransferDock: per-rank warehouses (distributed) or the rank-0 replay "
                        "buffer baseline (centralized)")
-    transfer_dock_timeout_s: float = setting(600.0, "seconds a TransferDock get waits for rows "
-                                                    "before failing")
+    transfer_dock_timeout_s: float | None = setting(None, (
+        "bound in seconds on each TransferDock collective; null = collective_timeout_s"))
+    collective_timeout_s: float = setting(1800.0, (
+        "seconds any collective (torch.distributed world, megatron's groups, the TransferDock, "
+        "vLLM's groups) waits for a rank that does not arrive; then every other rank stops with "
+        "a one-line error naming the phase. Must exceed the longest imbalance between ranks "
+        "(e.g. the rollout's long tail)"))
+    max_consecutive_skipped_steps: int = setting(3, (
+        "optimizer steps skipped in a row for NaN/Inf in the loss or the gradients before the "
+        "run stops (each skip leaves the weights unchanged and counts in actor/skipped_steps)"))
     actor_forward_micro_batch_size: int = setting(1, "responses per micro-batch when computing "
                                                      "old log-probs")
     ref_forward_micro_batch_size: int = setting(1, "responses per micro-batch when computing "

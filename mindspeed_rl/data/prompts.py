@@ -69,6 +69,23 @@ def data_files(path: str, data_path_key: str = "megatron_training.data_path") ->
     return [path]
 
 
+def _check_utf8(path: str) -> None:
+    """Name the first line of a JSON file that is not UTF-8 (``datasets`` loads such bytes
+    and fails later, on access, without naming the file or the row)."""
+    jsonl = path.endswith(".jsonl")
+    with open(path, "rb") as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                where = (f"row {line_number - 1} (line {line_number})" if jsonl
+                         else f"line {line_number}")
+                raise ValueError(
+                    f"{where} of {path} is not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                    f"{e.start + 1}); re-encode the file as UTF-8, e.g. "
+                    f"iconv -f latin1 -t utf-8") from None
+
+
 def _load_table(path: str):
     """The rows of one file as a ``datasets.Dataset``, held in memory.
 
@@ -79,6 +96,8 @@ def _load_table(path: str):
     import datasets
 
     builder = _BUILDER_BY_SUFFIX[os.path.splitext(path)[1]]
+    if builder == "json":
+        _check_utf8(path)
     bars_were_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # one "Generating train split" bar per rank is noise
     try:
@@ -87,7 +106,8 @@ def _load_table(path: str):
                                          split="train", cache_dir=cache_dir,
                                          keep_in_memory=True)
     except Exception as e:
-        raise ValueError(f"cannot read data file {path} as {builder}: {e}") from e
+        raise ValueError(f"cannot read data file {path} as {builder}: "
+                         f"{type(e).__name__}: {e}") from e
     finally:
         if bars_were_enabled:
             datasets.enable_progress_bars()
@@ -115,6 +135,8 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
                 for i, (p, a) in enumerate(zip(prompts, answers))]
     rows: list[RawPrompt] = []
     for file in data_files(path, data_path_key):
+        if os.path.getsize(file) == 0:  # datasets fails on it with an empty message
+            continue
         table = _load_table(file)
         if len(table) == 0:
             continue

@@ -6,6 +6,23 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+# Called as observer(phase name, "enter" | "exit" | "fail") around every phase of every Timers
+# (e.g. the fault module's phase tracker, which names the phase a failed collective
+# was in). An observer may raise on "enter" to stop before the phase starts.
+PhaseObserver = Callable[[str, str], None]
+_observers: list[PhaseObserver] = []
+
+
+def add_phase_observer(observer: PhaseObserver) -> None:
+    """Have ``observer(name, event)`` called on every phase enter/exit (idempotent)."""
+    if observer not in _observers:
+        _observers.append(observer)
+
+
+def remove_phase_observer(observer: PhaseObserver) -> None:
+    if observer in _observers:
+        _observers.remove(observer)
+
 
 class Timers:
     """Accumulates wall-clock seconds per phase until :meth:`pop`.
@@ -34,18 +51,26 @@ class Timers:
             # A phase nested in itself would count its inner time twice.
             raise ValueError(f"timer phase {name!r} is already running; phases cannot nest "
                              f"inside themselves")
+        for observer in list(_observers):
+            observer(name, "enter")
         self._running.add(name)
         if self._synchronize is not None:
             self._synchronize()
         start = time.perf_counter()
+        failed = False
         try:
             yield
+        except BaseException:
+            failed = True
+            raise
         finally:
             if self._synchronize is not None:
                 self._synchronize()
             key = f"timing/{name}"
             self._elapsed_s[key] = self._elapsed_s.get(key, 0.0) + time.perf_counter() - start
             self._running.discard(name)
+            for observer in list(_observers):
+                observer(name, "fail" if failed else "exit")
 
     def pop(self) -> dict[str, float]:
         """Return ``{"timing/<phase>": seconds}`` of the finished phases and reset them.

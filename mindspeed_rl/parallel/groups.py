@@ -10,12 +10,29 @@ import torch.distributed as dist
 from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
 
 
+# The bound on every collective of the job (rl_config.collective_timeout_s), set by
+# init_distributed; the groups created later (megatron's, the TransferDock's, vLLM's)
+# read it here so that one key bounds every wait.
+_collective_timeout_s: float = 1800.0
+
+
+def collective_timeout_s() -> float:
+    """Seconds any collective of this job may wait for a peer (``rl_config.collective_timeout_s``)."""
+    return _collective_timeout_s
+
+
 def init_distributed(platform, timeout_s: float = 1800) -> None:
     """Start torch.distributed for a launcher or tool on ``platform``'s backend.
 
     Under torchrun the environment names rank and world; a plain ``python tool.py``
     runs as a world of one (on a free port, so two such runs do not collide).
+    ``timeout_s`` bounds every collective of the world group and of the groups made
+    later from :func:`collective_timeout_s` (megatron's, the TransferDock's, vLLM's): a
+    rank that does not reach a collective in time makes the others raise instead of
+    waiting forever.
     """
+    global _collective_timeout_s
+    _collective_timeout_s = float(timeout_s)
     if "RANK" not in os.environ:
         from mindspeed_rl.testing.multiprocess import free_port
 
@@ -26,11 +43,13 @@ def init_distributed(platform, timeout_s: float = 1800) -> None:
     dist.init_process_group(platform.backend, timeout=timedelta(seconds=timeout_s))
 
 
-def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234) -> None:
+def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234,
+                                 timeout_s: float | None = None) -> None:
     """Create megatron-core's TP/PP/DP/EP groups and seed its model-parallel RNG tracker.
 
     torch.distributed must already be initialised with ``layout.world_size`` ranks, and
     ``setup_platform()`` must have run (megatron's RNG tracker needs the device adaptor).
+    The groups' timeout is ``timeout_s``, by default :func:`collective_timeout_s`.
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -48,6 +67,8 @@ def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234) -> No
         pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
         expert_model_parallel_size=layout.expert_model_parallel_size,
         expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
+        # megatron builds timedelta(minutes=...), which takes fractions: seconds survive.
+        distributed_timeout_minutes=(timeout_s or _collective_timeout_s) / 60,
     )
     model_parallel_cuda_manual_seed(seed)
 

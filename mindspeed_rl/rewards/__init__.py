@@ -14,10 +14,10 @@ Registered verifiers:
 from mindspeed_rl.rewards import final_answer, math_verify_reward, mindspeed_rl_verifiers  # noqa: F401
 from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_final_number,
                                                has_final_answer_format)
-from mindspeed_rl.rewards.registry import (compute_rewards, get_verifier, register_verifier,
-                                           registered_verifiers)
+from mindspeed_rl.rewards.registry import (NonFiniteRewardError, compute_rewards, get_verifier,
+                                           register_verifier, registered_verifiers)
 
 __all__ = [
-    "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",
+    "NonFiniteRewardError", "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",
     "has_final_answer_format", "register_verifier", "registered_verifiers",
 ]

@@ -44,8 +44,13 @@ def get_verifier(name: str) -> Verifier:
                          f"verifiers are {registered_verifiers()}") from None
 
 
+class NonFiniteRewardError(ValueError):
+    """A verifier returned NaN or +-inf; the message names the verifier and the row."""
+
+
 def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
                     verifier_names: Sequence[str], verifier_weights: Sequence[float],
+                    row_labels: Sequence[str] | None = None,
                     ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
     """Score each response with every named verifier and combine them.
 
@@ -53,6 +58,9 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
 
     responses, answers: N decoded responses and the gold answer of each (the
     prompt's answer repeated for each of its samples).
+    row_labels: where each response comes from (e.g. "train.jsonl row 7 sample 2"),
+    named when a verifier returns NaN/inf (:class:`NonFiniteRewardError`): a bad
+    number never reaches the advantages.
     returns: (total [N] float32, {verifier name: [N] float32 unweighted scores}).
     """
     if len(responses) != len(answers):
@@ -70,6 +78,14 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
         scores = torch.tensor([float(fn(response, answer))
                                for response, answer in zip(responses, answers)],
                               dtype=torch.float32)  # [N]
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            i = bad[0]
+            row = row_labels[i] if row_labels is not None else f"response {i} of the batch"
+            raise NonFiniteRewardError(
+                f"verifier {name!r} returned {scores[i].item()} for {row} (answer "
+                f"{answers[i]!r}, response {responses[i][:60]!r}); rewards must be finite "
+                f"numbers: fix the verifier ({len(bad)} of {len(scores)} rows are affected)")
         per_verifier[name] = scores
         total += float(weight) * scores
     return total, per_verifier

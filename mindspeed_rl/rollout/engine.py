@@ -12,6 +12,7 @@ the engine never reads a checkpoint after start-up unless asked to.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
@@ -150,6 +151,49 @@ def _expert_parallel_kwargs(enable: bool, ep_replicas: int, tp: int, world: int,
     return {"enable_expert_parallel": True, "data_parallel_size": ep_replicas}
 
 
+def _kv_cache_shortfall(message: str, max_model_len: int, gpu_memory_utilization: float,
+                        device_type: str) -> str | None:
+    """vLLM's "KV cache too small for one sequence" in terms of this project's keys."""
+    import re
+
+    budget = (f"generate_config.gpu_memory_utilization={gpu_memory_utilization:g}"
+              + (f", VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB on "
+                 "CPU" if device_type == "cpu" else ""))
+    if "No available memory for the cache blocks" in message:
+        return (f"generate_config.max_model_len={max_model_len}: vLLM has no memory left for "
+                f"the KV cache ({budget}); raise gpu_memory_utilization")
+    found = re.search(r"\(([\d.]+) GiB KV cache is needed.*?available KV cache memory "
+                      r"\(([\d.]+) GiB\)(?:.*?estimated maximum model length is (\d+))?",
+                      message, re.S)
+    if not found:
+        return None
+    needed, available, estimate = found.groups()
+    limit = f" (at most {estimate})" if estimate else ""
+    return (f"generate_config.max_model_len={max_model_len}: one sequence needs {needed} GiB "
+            f"of KV cache but vLLM has {available} GiB ({budget}); lower max_model_len{limit} "
+            "or raise generate_config.gpu_memory_utilization")
+
+
+def check_finite_logprobs(result: RolloutResult, dp_rank: int = 0) -> None:
+    """Raise :class:`~mindspeed_rl.fault.nonfinite.NonFiniteError` if vLLM returned a NaN or
+    infinite log-prob: it would reach the loss through the rollout log-probs. The sampled
+    token's log-prob is finite for any finite logits, so this means the generation weights
+    (or their reload) hold NaN/Inf."""
+    import math
+
+    for i, group in enumerate(result.completions):
+        for j, completion in enumerate(group):
+            for t, lp in enumerate(completion.logprobs):
+                if not math.isfinite(lp):
+                    from mindspeed_rl.fault.nonfinite import NonFiniteError
+
+                    raise NonFiniteError(
+                        f"vLLM returned log-prob {lp} for token {t} (id "
+                        f"{completion.token_ids[t]}) of sample {j} of prompt {i} on "
+                        f"generation-DP rank {dp_rank}: the generation weights hold NaN/Inf "
+                        "(check the last update, or resume from the last checkpoint)")
+
+
 class RolloutEngine:
     """vLLM on this rank, one shard of a TP_g group.
 
@@ -205,9 +249,19 @@ class RolloutEngine:
         )
         if max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        # vLLM's own TP/DP groups get the job's collective bound (torch's default for a
+        # new group is 30 minutes whatever the world group uses).
+        from mindspeed_rl.parallel.groups import collective_timeout_s
+
+        timeout = max(1, math.ceil(collective_timeout_s()))
+        kwargs.update(distributed_timeout_seconds=timeout, cpu_distributed_timeout_seconds=timeout)
         try:
             self.llm = LLM(**kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised with the model named
+            kv = _kv_cache_shortfall(str(exc), max_model_len, gpu_memory_utilization,
+                                     device_type)
+            if kv:
+                raise RolloutConfigError(kv) from None
             raise RolloutConfigError(
                 f"vLLM could not load the model in {model_dir}: {type(exc).__name__}: {exc}"
             ) from exc
@@ -258,8 +312,12 @@ class RolloutEngine:
             min_p=sampling.min_p, max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens,
             stop_token_ids=list(sampling.stop_token_ids) or None, logprobs=0, detokenize=False,
             seed=None if seeds is None else int(seeds[i])) for i in range(len(prompts))]
+        from mindspeed_rl.metrics.console import verbose
+
+        # vLLM's per-call bars ("Rendering prompts", "Processed prompts") only with
+        # MINDSPEED_RL_VERBOSE=1: the trainer prints one line per iteration.
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                    params, use_tqdm=use_tqdm)
+                                    params, use_tqdm=use_tqdm and verbose())
         result = RolloutResult()
         for out in outputs:
             group = []
@@ -269,6 +327,7 @@ class RolloutEngine:
                 lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids)]
                 group.append(Completion(ids, lps, c.finish_reason))
             result.completions.append(group)
+        check_finite_logprobs(result, self.dp_rank)
         return result
 
     # ---- weights ----------------------------------------------------------------------

@@ -104,8 +104,8 @@ class MegatronActor(TrainableModel):
 
         micro = make_micro_batches(batch, micro_batch_size)
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
-                                             forward_only=False))
-        self.weight_version += 1
+                                             forward_only=False), sums.values)
+        self.weight_version += int(out["update_ok"])  # a skipped step leaves the weights
         totals = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)
         tokens = max(totals.pop("tokens"), 1.0)
         stats = {k: v / tokens for k, v in totals.items()}

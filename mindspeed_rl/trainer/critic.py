@@ -52,7 +52,7 @@ class MegatronCritic(TrainableModel):
 
         micro = make_micro_batches(batch, micro_batch_size)
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
-                                             forward_only=False))
+                                             forward_only=False), sums.values)
         t = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)
         n = max(t["tokens"], 1.0)
         var_returns = t["returns_sq"] / n - (t["returns"] / n) ** 2

@@ -19,25 +19,33 @@ def load_job(config_path: str, overrides: Sequence[str], *, algorithm: str):
     return config, make_plan(config, int(os.environ.get("WORLD_SIZE", "1")))
 
 
+def _start(config, plan, *, header: str, plan_to: TextIO | None):
+    """The platform and the process groups; rank 0 prints the plan and the phases."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.parallel.groups import init_distributed
+    from mindspeed_rl.platform import setup_platform
+    from mindspeed_rl.trainer.recipes import phases_of
+
+    platform = setup_platform()
+    init_distributed(platform, timeout_s=config.rl_config.collective_timeout_s)
+    if dist.get_rank() == 0:
+        print(plan.format(header=header), file=plan_to or sys.stdout, flush=True)
+        print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
+              file=plan_to or sys.stdout, flush=True)
+    return platform
+
+
 @contextlib.contextmanager
 def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
                     ) -> Iterator["RLTrainer"]:  # noqa: F821
     """Platform, process groups and the trainer for ``config``; torn down on exit."""
-    import torch.distributed as dist
-
-    from mindspeed_rl.parallel.groups import init_distributed, teardown_distributed
-    from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.recipes import phases_of
+    from mindspeed_rl.parallel.groups import teardown_distributed
     from mindspeed_rl.trainer.trainer import RLTrainer
 
-    platform = setup_platform()
-    init_distributed(platform, timeout_s=max(1800, config.rl_config.transfer_dock_timeout_s))
+    platform = _start(config, plan, header=header, plan_to=plan_to)
     trainer = None
     try:
-        if dist.get_rank() == 0:
-            print(plan.format(header=header), file=plan_to or sys.stdout, flush=True)
-            print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
-                  file=plan_to or sys.stdout, flush=True)
         trainer = RLTrainer(config, plan, platform)
         yield trainer
     finally:
@@ -47,12 +55,17 @@ def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
 def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
     """Run a launcher: ``--config FILE [key=value ...] [--dry-run --world-size N]``.
 
-    Returns the exit status: 0, or 2 after one ``prog: error: ...`` line (bad config,
-    or bad input found while building: a dataset row, a tokenizer, a checkpoint).
+    Returns the exit status: 0 (also after a preemption, with a checkpoint), 2 after one
+    ``prog: error: ...`` line for bad input (the config, or a dataset row, a tokenizer, a
+    checkpoint found while building), 1 after one line for a failure (a lost rank, NaN/Inf,
+    a full disk; see mindspeed_rl/fault/launch_guard.py).
     """
-    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.metrics.console import quiet_known_noise
+
+    quiet_known_noise()  # before torch, megatron and vLLM are imported
     from mindspeed_rl.config import ConfigError, parse_launcher_args
     from mindspeed_rl.config.cli import main as config_main
+    from mindspeed_rl.fault.launch_guard import LaunchGuard, report_config_error
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -61,18 +74,21 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
             return config_main(argv, prog=prog, algorithm=algorithm)
         config, plan = load_job(args.config, args.overrides, algorithm=algorithm)
     except ConfigError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2
+        return report_config_error(prog, error)  # once, also in torchrun's error file
+    from mindspeed_rl.parallel.groups import teardown_distributed
+    from mindspeed_rl.trainer.trainer import RLTrainer
+
+    platform = _start(config, plan, header=f"{prog}: {args.config} on {plan.world_size} ranks "
+                                           "(memory figures are estimates)", plan_to=None)
+    guard = LaunchGuard(prog, config)  # phases, heartbeat, SIGTERM
+    trainer = None
     try:
-        with trainer_session(config, plan, header=f"{prog}: {args.config} on {plan.world_size} "
-                                                  "ranks (memory figures are estimates)"
-                             ) as trainer:
-            trainer.train()
-    except (ValueError, FileNotFoundError, CheckpointError) as error:
-        # Every rank reads the same files and fails alike: report once.
-        if os.environ.get("RANK", "0") == "0":
-            print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-        if os.environ.get("MINDSPEED_RL_DEBUG"):
-            raise
-        return 2
+        trainer = RLTrainer(config, plan, platform)
+        guard.training_starts(trainer.state.iteration)  # SIGTERM -> save at a boundary
+        trainer.train()
+    except BaseException as error:  # one line + exit status; may end the process
+        return guard.failed(error, trainer.save_checkpoint if trainer is not None else None)
+    finally:
+        guard.teardown(lambda: teardown_distributed(  # (after a preemption too)
+            trainer.close if trainer is not None else None))
     return 0

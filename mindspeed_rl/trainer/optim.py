@@ -8,11 +8,12 @@ from the role's config section (``actor_config`` / ``critic_config``, both
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
 from mindspeed_rl.config.schema import OptimizerKeys
+from mindspeed_rl.fault.nonfinite import StepGuard
 
 
 class TrainableModel:
@@ -25,7 +26,8 @@ class TrainableModel:
     """
 
     def __init__(self, model, section: OptimizerKeys, *, total_steps: int,
-                 use_distributed_optimizer: bool, bf16: bool) -> None:
+                 use_distributed_optimizer: bool, bf16: bool,
+                 max_consecutive_skipped_steps: int = 3) -> None:
         from megatron.core.distributed import (DistributedDataParallel,
                                                DistributedDataParallelConfig, finalize_model_grads)
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -55,6 +57,9 @@ class TrainableModel:
             lr_warmup_steps=warmup, lr_decay_steps=max(total_steps, 1),
             lr_decay_style=s.lr_decay_style, start_wd=s.weight_decay, end_wd=s.weight_decay,
             wd_incr_steps=max(total_steps, 1), wd_incr_style="constant")
+        # NaN/Inf in the loss or a gradient: every rank skips the step (weights, optimizer
+        # state and LR schedule unchanged); too many in a row stop the run.
+        self.step_guard = StepGuard(max_consecutive_skipped_steps)
 
     @property
     def chunks(self) -> list:
@@ -64,15 +69,20 @@ class TrainableModel:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def step(self, run_micro_batches: Callable[[], None]) -> dict[str, float]:
+    def step(self, run_micro_batches: Callable[[], None],
+             loss_terms: Callable[[], Iterable[float]]) -> dict[str, float]:
         """One optimizer step: zero the grads, ``run_micro_batches()`` (forward and
-        backward through megatron's schedule), clip, step, advance the LR schedule."""
+        backward through megatron's schedule), then, unless ``loss_terms()`` or a gradient
+        is NaN/Inf on some rank, clip, step and advance the LR schedule."""
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         self.model.train()
         run_micro_batches()
-        ok, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(increment=1)
+        if self.step_guard.should_skip(loss_terms(), self.ddp):
+            ok, grad_norm = False, float("nan")
+        else:
+            ok, grad_norm, _ = self.optimizer.step()
+            self.scheduler.step(increment=1)
         return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "update_ok": float(bool(ok))}
 
@@ -99,4 +109,5 @@ class TrainableModel:
         """A fresh torch Adam has no state (no 'step') to load into: create it; the
         values are overwritten by the load (megatron does the same for FSDP)."""
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            opt._init_optimizer_states_with_dummy_values()
+            if hasattr(opt, "_init_optimizer_states_with_dummy_values"):  # the sharded one;
+                opt._init_optimizer_states_with_dummy_values()  # FP32Optimizer inits itself

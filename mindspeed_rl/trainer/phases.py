@@ -150,9 +150,10 @@ def reward(t) -> dict[str, float]:
     totals, per_verifier, truncated, overlong = [], {}, [], []
     if batch is not None:
         texts = [t.tokenizer.decode(r, skip_special_tokens=True) for r in batch["response_ids"]]
-        answers = [t.train_data[int(i)].answer for i in batch["prompt_index"]]
-        total, per_verifier = compute_rewards(texts, answers, rl.verifier_function,
-                                              rl.verifier_weight)
+        items = [t.train_data[int(i)] for i in batch["prompt_index"]]
+        total, per_verifier = compute_rewards(
+            texts, [item.answer for item in items], rl.verifier_function, rl.verifier_weight,
+            row_labels=[f"{item.source_file} row {item.source_row}" for item in items])
         if "rm_scores" in columns:
             total = total + t.config.reward_config.weight * torch.stack(batch["rm_scores"])
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
@@ -377,6 +378,7 @@ def critic_update(t) -> dict[str, float]:
                     cliprange_value=rl.cliprange_value))
     metrics = _mean_of_steps(steps, "critic")
     metrics["critic/lr"] = t.roles.critic.lr
+    metrics["critic/skipped_steps"] = float(t.roles.critic.step_guard.pop_skipped())
     return metrics
 
 
@@ -407,4 +409,5 @@ def actor_update(t) -> dict[str, float]:
                                                   for s in steps)
     metrics.pop("actor/rollout_logprob_abs_diff_max")
     metrics["actor/lr"] = t.roles.actor.lr
+    metrics["actor/skipped_steps"] = float(t.roles.actor.step_guard.pop_skipped())
     return metrics

@@ -95,7 +95,8 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     mt, rl, gen = config.megatron_training, config.rl_config, config.generate_config
     dtype = torch.bfloat16 if mt.bf16 else torch.float32
     b = plan.batch
-    trainable = dict(use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16)
+    trainable = dict(use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16,
+                     max_consecutive_skipped_steps=rl.max_consecutive_skipped_steps)
     model_options = dict(params_dtype=dtype, sequence_parallel=mt.sequence_parallel,
                          **training_model_options(config))
     pin = platform.device_type != "cpu"

@@ -69,7 +69,8 @@ class RLTrainer:
                   flush=True)
         self.phases = phases_of(config, plan)
         self.flow = SampleFlow(
-            build_transfer_dock(rl.transfer_dock_mode, timeout_s=rl.transfer_dock_timeout_s),
+            build_transfer_dock(rl.transfer_dock_mode,
+                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s),
             [p.name for p in self.phases], _layouts(plan.layout), trace=rl.log_sample_flow)
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))

@@ -426,6 +426,8 @@ class Controller:
             raise TransferDockError(self._shortfall_message(
                 consumer, columns, rows_per_dp_rank, num_dp_ranks, len(firsts) * group_size,
                 whole_groups))
+        if num_units_needed == 0:  # nothing asked: no column needs to exist yet
+            return [np.zeros(0, dtype=np.int64) for _ in range(num_dp_ranks)]
         # Oldest first (FIFO across gets); unit u is rows unit_rows[u].
         unit_rows = firsts[:num_units_needed, None] + np.arange(group_size)  # [units, size]
         unit_lengths = self.token_length[unit_rows].sum(axis=1)

@@ -207,7 +207,9 @@ class TransferDock:
             world must construct the dock (it creates its own process groups).
         timeout_s: bound on every dock collective; a rank that does not reach
             the same call in time makes the others raise
-            :class:`TransferDockTimeoutError` instead of hanging.
+            :class:`TransferDockTimeoutError` instead of hanging. ``None``: the
+            job's ``rl_config.collective_timeout_s``
+            (:func:`mindspeed_rl.parallel.groups.collective_timeout_s`).
         device: where cells are kept, gets deliver them and transfer buffers
             live (a put moves cells that are elsewhere). Default: the host for a
             gloo data group, else the current accelerator.
@@ -220,11 +222,15 @@ class TransferDock:
 
     mode = "distributed"
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float = 1800.0,
+    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float | None = None,
                  device: torch.device | str | None = None, data_backend: str | None = None,
                  eager_bytes: int = 16384) -> None:
         if not dist.is_initialized():
             raise TransferDockError("TransferDock needs torch.distributed to be initialised")
+        if timeout_s is None:
+            from mindspeed_rl.parallel.groups import collective_timeout_s
+
+            timeout_s = collective_timeout_s()
         self.timeout_s = float(timeout_s)
         self.eager_bytes = int(eager_bytes)
         self._global_ranks: list[int] = (dist.get_process_group_ranks(group) if group is not None
@@ -279,10 +285,12 @@ class TransferDock:
         except TransferDockError:
             raise
         except RuntimeError as e:  # gloo/NCCL timeouts and peer failures
-            raise TransferDockTimeoutError(
+            error = TransferDockTimeoutError(
                 f"{what}: the collective failed or did not complete within timeout_s="
                 f"{self.timeout_s:g}; every rank of the dock must make the same put/get/clear "
-                f"calls in the same order ({type(e).__name__}: {e})") from e
+                f"calls in the same order ({type(e).__name__}: {e})")
+            error.call = what  # e.g. "get for consumer 'actor_update_0'", for fault reports
+            raise error from e
 
     def _all_to_all(self, recv: torch.Tensor, send: torch.Tensor, what: str,
                     recv_splits: list[int] | None = None,
@@ -589,6 +597,11 @@ class TransferDock:
         rows_per_dp = ctl.plan_get(consumer, columns, rows_per_dp_rank, ranks_per_dp,
                                    whole_groups=whole_groups)
         my_dp = next((d for d, ranks in enumerate(ranks_per_dp) if self.rank in ranks), None)
+        if not any(len(rows) for rows in rows_per_dp):  # rows_per_dp_rank=0: nothing moves
+            self.metrics.num_gets += 1
+            self.metrics.seconds_get += time.perf_counter() - start
+            return (DockBatch(rows=[], columns={c: [] for c in columns}, token_lengths=[])
+                    if my_dp is not None else None)
         outgoing, incoming, local, any_remote, own_bytes = self._plan_moves(
             columns, ranks_per_dp, rows_per_dp)
         result = self._exchange(any_remote, outgoing, incoming, self.warehouse.read_many,

@@ -1,0 +1,201 @@
+"""What a launcher does when its run ends early: one line, the right exit status, no hang.
+
+Every launcher (``pretrain_grpo.py``, and the PPO one after it) wraps its run in a
+:class:`LaunchGuard`::
+
+    guard = LaunchGuard("pretrain_grpo.py", config)   # after init_distributed
+    try:
+        trainer = GRPOTrainer(...)
+        guard.training_starts(trainer.iteration)
+        trainer.train()
+    except BaseException as error:
+        return guard.failed(error, save_checkpoint=...)
+    finally:
+        guard.teardown(...)
+
+:meth:`LaunchGuard.failed` sorts the exception:
+
+======================  ==========================================  ======
+kind                    what the user sees                          status
+======================  ==========================================  ======
+preempted (SIGTERM)     checkpoint written, one line                0
+bad input               ``<prog>: error: <message>``, once per job  2
+failed collective       one line per surviving rank: the phase,     1
+                        the iteration, the lost rank
+NaN/Inf, full disk,     ``<prog>: error: <message>``, once per job  1
+checkpoint, dock
+anything else (a bug)   the traceback                               1
+======================  ==========================================  ======
+
+Failures end the process with ``os._exit`` after flushing: the normal teardown
+(vLLM's engine, process groups) may wait on the lost rank. The line is also written
+to torchrun's per-rank error file (``TORCHELASTIC_ERROR_FILE``), so torchrun's own
+summary and :mod:`mindspeed_rl.fault.torchrun` show it as the root cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+from mindspeed_rl.fault.collective import collective_failure_kind, describe_collective_failure
+from mindspeed_rl.fault.phases import tracker
+from mindspeed_rl.fault.preemption import Preempted, preemption
+
+BAD_INPUT_EXIT = 2
+FAILURE_EXIT = 1
+INTERRUPTED_EXIT = 130
+from mindspeed_rl.fault.torchrun import STATUS_DIR_ENV  # noqa: E402 - set by the wrapper
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    # ValueError covers ConfigError, LayoutError, RolloutConfigError, ReshardingError and the
+    # unsupported-model errors; the OSErrors are files that are missing, unreadable or in
+    # the way.
+    from mindspeed_rl.checkpoint.errors import CheckpointError
+
+    return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            PermissionError, FileExistsError, CheckpointError)
+
+
+def _one_line_failure_types() -> tuple[type[BaseException], ...]:
+    from mindspeed_rl.fault.nonfinite import NonFiniteError
+    from mindspeed_rl.transfer_dock import TransferDockError
+
+    return (NonFiniteError, TransferDockError, OSError)
+
+
+def write_error_file(message: str, callstack: str | None = None) -> None:
+    """Give torchrun this rank's error (it reads ``TORCHELASTIC_ERROR_FILE`` when the rank
+    exits non-zero and shows the message as the failure's traceback)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": message, "extraInfo": {
+        "py_callstack": callstack or message, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
+
+
+def report_config_error(prog: str, error: BaseException) -> int:
+    """A config error found before any process group exists: every rank has the same one;
+    rank 0 prints it."""
+    message = f"{prog}: error: {error}"
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr, flush=True)
+    write_error_file(message)
+    return BAD_INPUT_EXIT
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class LaunchGuard:
+    """Fault handling of one launcher run (module docstring)."""
+
+    def __init__(self, prog: str, config) -> None:
+        self.prog = prog
+        self.timeout_s = float(config.rl_config.collective_timeout_s)
+        self.save_dir = config.actor_config.save
+        # Heartbeats fast enough that a survivor tells a silent rank from a busy one well
+        # within the timeout, slow enough to cost nothing on a large job.
+        tracker.start(heartbeat_s=min(10.0, max(0.2, self.timeout_s / 20)))
+        tracker.enter("startup")
+
+    def training_starts(self, iteration: int) -> None:
+        """The trainer is built and resumes after ``iteration``: arm SIGTERM handling."""
+        tracker.exit("startup")
+        tracker.iteration = iteration
+        self.first_iteration = iteration
+        preemption.install(self.timeout_s)
+        tracker.on_iteration_start(preemption.check)
+
+    def _print_once(self, message: str) -> None:
+        """Print ``message`` on the first rank that reports it (the ranks of a job
+        usually fail alike on bad input; asymmetric failures still print)."""
+        if tracker.first_to_claim("error/" + hashlib.sha1(message.encode()).hexdigest()[:16]):
+            print(message, file=sys.stderr, flush=True)
+
+    def failed(self, error: BaseException,
+               save_checkpoint: Callable[[], object] | None = None) -> int:
+        """Handle the exception that ended the run; returns the exit status (0 after a
+        preemption) or ends the process."""
+        if isinstance(error, SystemExit):
+            raise error
+        if isinstance(error, Preempted):
+            return self._preempted(error, save_checkpoint)
+        if isinstance(error, KeyboardInterrupt):
+            message = f"{self.prog}: interrupted in phase '{tracker.phase}'"
+            print(message, file=sys.stderr, flush=True)
+            write_error_file(message)
+            _exit(INTERRUPTED_EXIT)
+        if collective_failure_kind(error) is not None:
+            message = f"{self.prog}: error: " + describe_collective_failure(
+                error, tracker, self.timeout_s)
+            print(message, file=sys.stderr, flush=True)
+            write_error_file(message)
+            _exit(FAILURE_EXIT)
+        if os.environ.get("MINDSPEED_RL_DEBUG"):
+            traceback.print_exc()
+        if isinstance(error, _bad_input_types()):
+            message = f"{self.prog}: error: {error}"
+            self._print_once(message)
+            write_error_file(message)
+            _exit(BAD_INPUT_EXIT)
+        if isinstance(error, _one_line_failure_types()):
+            message = f"{self.prog}: error: {type(error).__name__}: {error}"
+            self._print_once(message)
+            write_error_file(message)
+            _exit(FAILURE_EXIT)
+        text = "".join(traceback.format_exception(error))
+        print(text, file=sys.stderr, end="", flush=True)
+        write_error_file(f"{self.prog}: {type(error).__name__}: {error}", text)
+        _exit(FAILURE_EXIT)
+        return FAILURE_EXIT  # not reached
+
+    def _preempted(self, stop: Preempted, save_checkpoint) -> int:
+        done = stop.next_iteration - 1
+        saved = ""
+        if self.save_dir and save_checkpoint is not None and done > self.first_iteration:
+            from mindspeed_rl.checkpoint.megatron_dir import TRACKER_FILE
+
+            tracker_file = os.path.join(self.save_dir, TRACKER_FILE)
+            already = (os.path.isfile(tracker_file)
+                       and open(tracker_file).read().strip() == str(done))
+            if not already:
+                tracker.enter("checkpoint")
+                save_checkpoint()
+                tracker.exit("checkpoint")
+            saved = f"; checkpoint of iteration {done} in {self.save_dir}"
+        elif done <= self.first_iteration:
+            saved = "; no iteration ran, nothing to save"
+        else:
+            saved = "; actor_config.save is not set, nothing saved"
+        message = f"{self.prog}: stopped by SIGTERM after iteration {done}{saved}"
+        if tracker.rank == 0:
+            print(message, file=sys.stderr, flush=True)
+        status_dir = os.environ.get(STATUS_DIR_ENV)
+        if status_dir:
+            try:
+                with open(os.path.join(status_dir, f"preempted.{tracker.rank}"), "w") as f:
+                    f.write(message + "\n")
+            except OSError:
+                pass
+        return 0
+
+    def teardown(self, release: Callable[[], None]) -> None:
+        """Normal end (or after a preemption): stop fault handling, then ``release()``."""
+        preemption.uninstall()
+        tracker.stop()
+        release()

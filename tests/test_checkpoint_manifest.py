@@ -1,0 +1,89 @@
+"""Checkpoint manifests: every file's size and SHA-256, written with the checkpoint and verified
+before anything is loaded, by the trainer and by tools/convert_ckpt.py alike."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mindspeed_rl.checkpoint import CheckpointError, verify_checkpoint
+from mindspeed_rl.checkpoint.convert import convert_hf_to_mg, convert_mg_to_hf
+from mindspeed_rl.checkpoint.manifest import MANIFEST_FILE
+from mindspeed_rl.models.tiny import make_tiny_hf_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mg_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("manifest")
+    return convert_hf_to_mg(make_tiny_hf_dir("qwen2", root / "hf"), root / "mg")
+
+
+def test_manifest_lists_every_file_with_size_and_checksum(mg_dir):
+    folder = mg_dir / "release"
+    listed = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+    on_disk = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                     if p.is_file() and p.name != MANIFEST_FILE)
+    assert sorted(listed) == on_disk and len(on_disk) >= 3
+    for name, entry in listed.items():
+        data = (folder / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    verify_checkpoint(folder)
+
+
+def _damage(folder: Path, how: str) -> Path:
+    shard = sorted(folder.glob("*.distcp"))[0]
+    if how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-10])
+    elif how == "missing":
+        shard.unlink()
+    elif how == "corrupted":  # same size, one byte flipped
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    else:  # the save never finished: no manifest
+        shard = folder / MANIFEST_FILE
+        shard.unlink()
+    return shard
+
+
+@pytest.mark.parametrize("how, message", [
+    ("truncated", "{file}: truncated: "),
+    ("missing", "{file}: missing (listed in "),
+    ("corrupted", "{file}: contents differ from the checksum in "),
+    ("no_manifest", "{file}: missing; {folder} was never completed"),
+])
+def test_damaged_checkpoint_is_refused_naming_the_file(mg_dir, tmp_path, how, message):
+    copy = tmp_path / "mg"
+    shutil.copytree(mg_dir, copy)
+    damaged = _damage(copy / "release", how)
+    with pytest.raises(CheckpointError) as e:
+        verify_checkpoint(copy / "release")
+    assert message.format(file=damaged, folder=copy / "release") in str(e.value)
+    with pytest.raises(CheckpointError, match="the checkpoint .* is damaged|never completed"):
+        convert_mg_to_hf(copy, tmp_path / "hf_out")
+    assert not (tmp_path / "hf_out").exists()
+
+
+def test_convert_tool_reports_a_truncated_shard_in_one_line(mg_dir, tmp_path):
+    copy = tmp_path / "mg"
+    shutil.copytree(mg_dir, copy)
+    shard = _damage(copy / "release", "truncated")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "convert_ckpt.py"),
+                           "--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
+                           str(copy), "--save-dir", str(tmp_path / "out"), "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"convert_ckpt: error: {shard}: truncated: ")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,403 @@
+"""Faults under torchrun, as a user meets them: a hung rank in each phase, a full disk during a
+save, SIGTERM, a killed rank of a 2-node job. Each job must end within a bound, print one line
+that says what happened as its last line, leave no process and no half-written checkpoint
+behind, and resume from its last complete checkpoint to the uninterrupted run's numbers.
+
+Runs go through ``python -m mindspeed_rl.fault.torchrun`` (what the shell launchers use) and
+the test hook ``MINDSPEED_RL_FAULT_INJECT`` (``mindspeed_rl.fault.injection``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
+from mindspeed_rl.models.tiny import make_tiny_hf_dir
+from mindspeed_rl.testing.multiprocess import free_port
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
+TIMEOUT_S = 10  # rl_config.collective_timeout_s of these runs
+# A survivor reports within the timeout plus a few heartbeats; the slack covers a loaded
+# 2-core machine. It bounds the report, not the speed of anything.
+REPORT_BOUND_S = TIMEOUT_S + 40
+# torchrun gives a rank 30 s to act on SIGTERM before SIGKILL (a stopped rank never acts).
+JOB_BOUND_S = 300
+COMPARED = ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
+            "actor/entropy", "actor/grad_norm", "actor/lr")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    train, _ = make_arithmetic_problems(64, 8, seed=0, max_operand=20, ops="+")
+    write_jsonl(train, root / "train.jsonl")
+    return {"root": root, "model": make_tiny_hf_dir("qwen2", root / "qwen2"),
+            "data": root / "train.jsonl"}
+
+
+_running: list["Job"] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test():
+    """A failed assertion must not leave a job running into the next test."""
+    yield
+    while _running:
+        _running.pop().kill_tree()
+
+
+class Job:
+    """A launched job: its output lines with arrival times, and its end."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, marker: str):
+        _running.append(self)
+        self.marker = marker
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic() - self.start, line.rstrip("\n")))
+
+    def wait(self, timeout: float = JOB_BOUND_S) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"job did not end within {timeout} s:\n" + self.text[-4000:])
+        self._reader.join(timeout=10)
+        self.elapsed = time.monotonic() - self.start
+        return rc
+
+    def kill_tree(self) -> None:
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs + [self.proc]:
+            try:
+                p.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+        self.proc.wait()
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def last_line(self) -> str:
+        return next(line for _, line in reversed(self.lines) if line.strip())
+
+    def first(self, pattern: str) -> tuple[float, str]:
+        for t, line in self.lines:
+            if re.search(pattern, line):
+                return t, line
+        raise AssertionError(f"no line matches {pattern!r}:\n" + self.text[-4000:])
+
+    def assert_nothing_left(self) -> None:
+        """No process of this job survives it (every rank's command line holds the run's
+        unique log folder)."""
+        deadline = time.monotonic() + 10
+        while True:
+            left = [p for p in psutil.process_iter(["pid", "cmdline"])
+                    if self.marker in " ".join(p.info["cmdline"] or [])]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not left, [(p.pid, p.info["cmdline"][:3]) for p in left]
+
+
+def start(assets, name: str, *overrides: str, inject: str | None = None,
+          torchrun_args: tuple[str, ...] = ("--nproc_per_node", "2")) -> Job:
+    """A 2-rank job; with ``inject`` the collective timeout is TIMEOUT_S, else generous (a
+    busy machine must not turn a slow rank into a false fault)."""
+    run_dir = assets["root"] / name
+    cmd = [sys.executable, "-m", "mindspeed_rl.fault.torchrun", *torchrun_args,
+           str(ROOT / "pretrain_grpo.py"), "--config", str(CONFIG),
+           f"megatron_training.model={assets['model']}",
+           f"megatron_training.data_path={assets['data']}",
+           f"megatron_training.log_dir={run_dir / 'logs'}",
+           "megatron_training.train_iters=2",
+           f"rl_config.collective_timeout_s={TIMEOUT_S if inject else 300}", *overrides]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    env.pop("MINDSPEED_RL_FAULT_INJECT", None)
+    if inject:
+        env["MINDSPEED_RL_FAULT_INJECT"] = inject
+    return Job(cmd, env, assets["root"], marker=str(run_dir))
+
+
+def rows(assets, name: str) -> dict[int, dict]:
+    path = assets["root"] / name / "logs" / "metrics.jsonl"
+    out: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if "timing/all" in row:
+            out[row["iteration"]] = row
+    return out
+
+
+def assert_same_iteration(a: dict, b: dict) -> None:
+    for key in COMPARED:
+        assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+
+
+@pytest.fixture(scope="module")
+def reference_job(assets):
+    """The uninterrupted run: 4 iterations."""
+    job = start(assets, "reference", "megatron_training.train_iters=4")
+    assert job.wait() == 0, job.text[-4000:]
+    return job
+
+
+@pytest.fixture(scope="module")
+def reference(assets, reference_job):
+    return rows(assets, "reference")
+
+
+def test_console_shows_iterations_not_noise(reference_job):
+    """A healthy run prints its plan, one line per iteration and nothing of the known noise
+    (mindspeed_rl.metrics.console lists it)."""
+    text = reference_job.text
+    assert all(f"iter {i}/4 | reward" in text for i in range(1, 5))
+    for noise in ("INFO", "Processed prompts", "Rendering prompts", "Failed to load weights",
+                  "UserWarning", "FutureWarning", "DeprecationWarning", "requires_grad",
+                  "The global random seed", "libtcmalloc", "Setting OMP_NUM_THREADS"):
+        assert noise not in text, noise
+
+
+# ---------------------------------------------------------------------------------------
+# a hung rank
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("phase", ["rollout", "resharding_to_infer", "reference_model", "update"])
+def test_hung_rank_ends_the_job_with_one_line(assets, phase):
+    """Rank 1 stops (SIGSTOP) on entering ``phase``; rank 0 reports within the timeout,
+    naming its own phase and the stopped rank's, and torchrun ends the job."""
+    job = start(assets, f"hang_{phase}", "megatron_training.train_iters=1",
+                inject=f"{phase}:1")
+    rc = job.wait()
+    print(f"\n[{phase}] job ended after {job.elapsed:.1f} s")
+    assert rc == 1, job.text[-4000:]
+    stopped_at, _ = job.first(r"\[fault injection\] rank 1: stop")
+    reported_at, line = job.first(r"^pretrain_grpo\.py: error: rank 0: ")
+    print(f"[{phase}] rank 0 reported {reported_at - stopped_at:.1f} s after rank 1 stopped: "
+          f"{line}")
+    assert reported_at - stopped_at < REPORT_BOUND_S
+    assert f"rl_config.collective_timeout_s={TIMEOUT_S} s" in line
+    assert f"not responding: rank 1 (phase '{phase}' of iteration 1" in line
+    assert job.last_line() == line  # the error is what the user sees last
+    assert "Traceback" not in job.text
+    job.assert_nothing_left()
+
+
+def test_hung_rank_in_checkpoint_save_then_resume_reproduces(assets, reference):
+    """Rank 1 stops in the save of iteration 2: no half-written checkpoint, ``latest`` names
+    iteration 1, and resuming from it reproduces the uninterrupted iteration 2."""
+    ckpt = assets["root"] / "hang_ckpt" / "ckpt"
+    job = start(assets, "hang_ckpt", "megatron_training.save_interval=1",
+                f"actor_config.save={ckpt}", inject="checkpoint:1:2")
+    assert job.wait() == 1, job.text[-4000:]
+    _, line = job.first(r"^pretrain_grpo\.py: error: rank 0: ")
+    assert "phase 'checkpoint' of iteration 2" in line and "not responding: rank 1" in line
+    assert job.last_line() == line
+    job.assert_nothing_left()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000001"]
+
+    resumed = start(assets, "hang_ckpt", f"actor_config.load={ckpt}",
+                    f"actor_config.save={ckpt}")
+    assert resumed.wait() == 0, resumed.text[-4000:]
+    after = rows(assets, "hang_ckpt")
+    assert sorted(after) == [1, 2]
+    assert_same_iteration(after[2], reference[2])
+
+
+# ---------------------------------------------------------------------------------------
+# a full disk during a save
+# ---------------------------------------------------------------------------------------
+def test_disk_full_during_save_keeps_the_previous_checkpoint(assets):
+    from mindspeed_rl.checkpoint import verify_checkpoint
+
+    ckpt = assets["root"] / "enospc" / "ckpt"
+    job = start(assets, "enospc", "megatron_training.save_interval=1",
+                f"actor_config.save={ckpt}", inject="checkpoint_write:1:2:enospc")
+    assert job.wait() == 2, job.text[-4000:]
+    line = job.last_line()
+    assert line.startswith("pretrain_grpo.py: error: ")
+    assert "iter_0000002: saving iteration 2 failed (rank 1: OSError" in line
+    assert "No space left on device" in line and "latest_checkpointed_iteration.txt still" in line
+    assert "Traceback" not in job.text
+    job.assert_nothing_left()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000001"]
+    verify_checkpoint(ckpt / "iter_0000001")  # whole: every file as its manifest says
+
+    # Optimizer state has no conversion between sharded and unsharded layouts.
+    flipped = start(assets, "enospc_flip", f"actor_config.load={ckpt}",
+                    "megatron_training.use_distributed_optimizer=false")
+    assert flipped.wait() == 2, flipped.text[-4000:]
+    assert flipped.last_line() == (
+        f"pretrain_grpo.py: error: {ckpt / 'iter_0000001'}: its optimizer state was saved with "
+        "megatron_training.use_distributed_optimizer=true and cannot be loaded with "
+        "megatron_training.use_distributed_optimizer=false (no conversion between the two "
+        "layouts); set megatron_training.use_distributed_optimizer: true, or "
+        "actor_config.no_load_optim: true to keep the weights and start a fresh optimizer")
+    flipped.assert_nothing_left()
+
+    # A damaged checkpoint is refused at start-up with the file named.
+    shard = sorted((ckpt / "iter_0000001").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    bad = start(assets, "enospc_resume", f"actor_config.load={ckpt}")
+    assert bad.wait() == 2, bad.text[-4000:]
+    assert f"{shard}: truncated: 100 bytes" in bad.last_line()
+    bad.assert_nothing_left()
+
+
+# ---------------------------------------------------------------------------------------
+# preemption
+# ---------------------------------------------------------------------------------------
+def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, reference):
+    """SIGTERM to torchrun (as a scheduler sends it): the ranks agree at the next iteration
+    boundary, save, and the job exits 0; the checkpoint resumes to the reference numbers."""
+    ckpt = assets["root"] / "preempt" / "ckpt"
+    job = start(assets, "preempt", "megatron_training.train_iters=50",
+                f"actor_config.save={ckpt}")
+    metrics = assets["root"] / "preempt" / "logs" / "metrics.jsonl"
+    deadline = time.monotonic() + JOB_BOUND_S
+    while not (metrics.is_file() and '"timing/all"' in metrics.read_text()):
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.text[-4000:]
+        time.sleep(0.2)
+    signalled = time.monotonic()
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait() == 0, job.text[-4000:]
+    print(f"\nexited {time.monotonic() - signalled:.1f} s after SIGTERM")
+    for t, line in job.lines:
+        if t >= signalled - job.start:
+            print(f"  +{t - (signalled - job.start):5.1f} s {line[:160]}")
+    done = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert 1 <= done <= 3
+    assert job.last_line() == (f"pretrain_grpo.py: stopped by SIGTERM after iteration {done}; "
+                               f"checkpoint of iteration {done} in {ckpt}")
+    assert "Traceback" not in job.text
+    job.assert_nothing_left()
+    assert sorted(rows(assets, "preempt")) == list(range(1, done + 1))
+
+    resumed = start(assets, "preempt", f"megatron_training.train_iters={done + 1}",
+                    f"actor_config.load={ckpt}")
+    assert resumed.wait() == 0, resumed.text[-4000:]
+    assert_same_iteration(rows(assets, "preempt")[done + 1], reference[done + 1])
+
+
+SECOND_SIGTERM_SCRIPT = """
+import os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from mindspeed_rl.fault.preemption import preemption
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+preemption.install(120)
+print(f"ready {dist.get_rank()} {os.getpid()}", flush=True)
+if dist.get_rank() == 1:
+    time.sleep(8)  # never joins the barrier: rank 0 waits inside a C++ collective
+    sys.exit(0)
+dist.barrier()
+"""
+
+
+def test_second_sigterm_exits_at_once_even_inside_a_collective(tmp_path):
+    script = tmp_path / "blocked.py"
+    script.write_text(SECOND_SIGTERM_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                 "")]))
+    job = Job([sys.executable, "-m", "mindspeed_rl.fault.torchrun", "--nproc_per_node", "2",
+               str(script)], env, tmp_path, marker=str(script))
+    deadline = time.monotonic() + 60
+    while not re.search(r"ready 0 \d+", job.text):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pid = int(re.search(r"ready 0 (\d+)", job.text).group(1))
+    time.sleep(0.5)  # rank 0 is inside the barrier
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(2.5)  # later than the repeat window: a second request, not an echo
+    second = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() - second < 2.0, "rank 0 did not exit at once"
+        time.sleep(0.05)
+    assert job.wait(60) == 143
+    assert f"rank 0 (pid {pid}) exited with status 143" in job.text
+    assert "second SIGTERM: exiting at once" in job.text
+    job.assert_nothing_left()
+
+
+# ---------------------------------------------------------------------------------------
+# a killed rank of a 2-node job
+# ---------------------------------------------------------------------------------------
+def test_two_node_job_with_a_killed_rank_ends_with_one_line_per_node(assets):
+    """Two torchrun agents on one host (a c10d rendezvous on localhost), one rank each; rank 0
+    SIGKILLs itself in the rollout. Both nodes end within seconds; each ends with one line
+    and no agent traceback (RendezvousConnectionError, ChildFailedError)."""
+    port = free_port()
+    jobs = [start(assets, "two_nodes", inject="rollout:0::kill", torchrun_args=(
+        "--nnodes", "2", "--node_rank", str(n), "--nproc_per_node", "1", "--rdzv_backend",
+        "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", f"job{port}"))
+        for n in range(2)]
+    codes = [job.wait() for job in jobs]
+    print("\n" + "\n".join(f"node {n}: rc={c} after {j.elapsed:.1f} s, last line: "
+                           f"{j.last_line()}" for n, (j, c) in enumerate(zip(jobs, codes))))
+    assert all(c == 1 for c in codes)
+    killed, = [j for j in jobs if "[fault injection] rank 0: kill" in j.text]
+    survivor, = [j for j in jobs if j is not killed]
+    assert re.fullmatch(r"torchrun: error: rank 0 \(pid \d+\) was killed by SIGKILL",
+                        killed.last_line())
+    last = survivor.last_line()
+    assert (last.startswith("torchrun: error: this node lost the job's rendezvous")
+            or last.startswith("pretrain_grpo.py: error: rank 1: a ")), last
+    for job in jobs:
+        assert "Traceback" not in job.text and "RendezvousConnectionError:" not in job.text
+        job.assert_nothing_left()
+
+
+def agreement_body() -> list[str]:
+    """Rank 1 alone receives SIGTERM; at the boundary every rank stops, rank 0 included."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.fault.preemption import Preempted, preemption
+
+    preemption.install(60)
+    outcomes = []
+    try:
+        preemption.check(2)
+        outcomes.append("went on")
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the watcher thread sets the flag
+        preemption.check(3)
+        outcomes.append("went on")
+    except Preempted as stop:
+        outcomes.append(f"stopped before {stop.next_iteration}")
+    finally:
+        preemption.uninstall()
+    return outcomes
+
+
+def test_ranks_agree_on_a_sigterm_only_one_received():
+    from mindspeed_rl.testing import run_on_ranks
+
+    assert run_on_ranks(agreement_body, 2, timeout=120) == [["went on", "stopped before 3"]] * 2

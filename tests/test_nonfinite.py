@@ -23,7 +23,8 @@ def _actor(hf_dir, layout_kwargs, bf16, distributed_optimizer, max_skips):
     from mindspeed_rl.parallel import ParallelLayout
     from mindspeed_rl.parallel.groups import initialize_megatron_parallel
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.actor import MegatronActor, OptimizerSettings, build_policy_model
+    from mindspeed_rl.config.schema import ActorConfig
+    from mindspeed_rl.trainer.actor import MegatronActor, build_policy_model
 
     setup_platform()
     layout = ParallelLayout(world_size=torch.distributed.get_world_size(), **layout_kwargs)
@@ -32,11 +33,9 @@ def _actor(hf_dir, layout_kwargs, bf16, distributed_optimizer, max_skips):
     model = build_policy_model(arch, params_dtype=torch.bfloat16 if bf16 else torch.float32,
                                sequence_parallel=False)
     load_hf_weights(model, arch, HFCheckpointReader(hf_dir))
-    actor = MegatronActor(model, OptimizerSettings(
-        lr=1e-2, min_lr=0.0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, clip_grad=1.0,
-        lr_decay_style="constant", lr_warmup_fraction=0.0, total_steps=10,
-        use_distributed_optimizer=distributed_optimizer, bf16=bf16,
-        max_consecutive_skipped_steps=max_skips))
+    actor = MegatronActor(model, ActorConfig(lr=1e-2, weight_decay=0.0),
+                          total_steps=10, use_distributed_optimizer=distributed_optimizer,
+                          bf16=bf16, max_consecutive_skipped_steps=max_skips)
     return actor, arch
 
 
@@ -44,7 +43,8 @@ def update_body(hf_dir, layout_kwargs, bf16, distributed_optimizer):
     """A good step moves the weights; NaN advantages (-> NaN loss) leave them bit for bit,
     twice in a row stops the run (max_consecutive_skipped_steps=2)."""
     from mindspeed_rl.fault.nonfinite import NonFiniteError
-    from mindspeed_rl.trainer.actor import RowBatch
+    from mindspeed_rl.config.schema import RLConfig
+    from mindspeed_rl.trainer.micro_batches import RowBatch
 
     actor, arch = _actor(hf_dir, layout_kwargs, bf16, distributed_optimizer, max_skips=2)
     g = torch.Generator().manual_seed(0)
@@ -55,8 +55,8 @@ def update_body(hf_dir, layout_kwargs, bf16, distributed_optimizer):
         batch = RowBatch(prompts, responses,
                          {"advantages": [torch.tensor([advantage if i % 2 else 1.0])
                                          for i in range(4)]})
-        return actor.update(batch, 2, clip_ratio=0.2, kl_coef=0.0, kl_kind="low_var_kl",
-                            entropy_coeff=0.0, vocab_size=arch.vocab_size)
+        return actor.update(batch, 2, RLConfig(clip_ratio=0.2, entropy_coeff=0.0), kl_coef=0.0,
+                            vocab_size=arch.vocab_size)
 
     def weights():
         return [p.detach().clone() for p in actor.model.parameters()]

@@ -135,10 +135,11 @@ class Oracle:
 
     def __init__(self, world: int):
         self.world = world
+        self.num_rows = 0  # row ids only grow, across clears too
         self.reset()
 
     def reset(self) -> None:
-        self.num_rows = 0
+        self.first_row = self.num_rows  # the first row of this epoch
         self.group_size = 1
         self.cells: dict[tuple[int, str], str] = {}
         self.taken: dict[str, set[int]] = defaultdict(set)
@@ -176,13 +177,13 @@ class Oracle:
                      num_dp: int) -> list[int] | None:
         """The rows the get must deliver (oldest first), or None if it cannot be met."""
         self.publish()
-        ready = [r for r in range(self.num_rows)
+        ready = [r for r in range(self.first_row, self.num_rows)
                  if r not in self.taken[consumer]
                  and all((r, c) in self.cells for c in columns)]
         if whole:
             g = self.group_size
             ready_set = set(ready)
-            units = [list(range(s, s + g)) for s in range(0, self.num_rows, g)
+            units = [list(range(s, s + g)) for s in range(self.first_row, self.num_rows, g)
                      if all(r in ready_set for r in range(s, s + g))]
             need = n // g * num_dp
             if len(units) < need:

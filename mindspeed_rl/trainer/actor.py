@@ -13,10 +13,11 @@ import torch
 
 from mindspeed_rl.algorithms import (entropy_from_vocab_parallel_logits, kl_penalty,
                                      logprobs_from_vocab_parallel_logits, masked_sum, policy_loss)
-from mindspeed_rl.trainer.micro_batches import MicroBatch, RowBatch, make_micro_batches
+from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.trainer.optim import TrainableModel
-from mindspeed_rl.trainer.schedule import (forward_rows, reduce_sums_once_per_dp_rank,
-                                           run_schedule, tp_reductions)
+from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
+                                           reduce_sums_once_per_dp_rank, run_schedule,
+                                           tp_reductions)
 
 # Padded vocabulary columns get this logit: exp() underflows to exactly 0 and, unlike
 # -inf, 0 * logit stays 0 in the entropy.
@@ -43,7 +44,7 @@ class MegatronActor(TrainableModel):
 
     weight_version = 0
 
-    def update(self, batch: RowBatch, micro_batch_size: int, rl, *, kl_coef: float,
+    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *, kl_coef: float,
                vocab_size: int) -> dict[str, float]:
         """One optimizer step on ``batch`` (this DP rank's share of a mini-batch).
 
@@ -98,7 +99,7 @@ class MegatronActor(TrainableModel):
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
             return loss, n.to(torch.int), {"loss": loss.detach().clone()}
 
-        micro = make_micro_batches(batch, micro_batch_size)
+        micro = micro_batches_for(self.model, batch, micro_batch_size)  # issue 14
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
                                              forward_only=False))
         self.weight_version += 1
@@ -145,7 +146,7 @@ def response_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
                                               all_sum)  # [b, R]
 
 
-def forward_logprobs(model, batch: RowBatch, micro_batch_size: int, vocab_size: int,
+def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatching, vocab_size: int,
                      with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-row response log-probs (and entropies) on every rank of the model's DP group.
 

@@ -39,6 +39,11 @@ def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
             print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
                   file=plan_to or sys.stdout, flush=True)
         trainer = RLTrainer(config, plan, platform)
+        if dist.get_rank() == 0 and config.rl_config.use_remove_padding:  # issue 14
+            from mindspeed_rl.trainer.packing import packing_notice
+
+            print(packing_notice(trainer.roles.actor.model), file=plan_to or sys.stdout,
+                  flush=True)
         yield trainer
     finally:
         teardown_distributed(trainer.close if trainer is not None else None)

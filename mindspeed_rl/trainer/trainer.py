@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -64,6 +65,13 @@ class RLTrainer:
         if resume:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
+        # issue 14: perf/padding_efficiency, perf/mfu per phase (measures the matmul peak).
+        from mindspeed_rl.trainer.efficiency import PhaseEfficiency
+        from mindspeed_rl.trainer.phases import counts_in_train_layout
+
+        self.efficiency = PhaseEfficiency(
+            config.model, counted=counts_in_train_layout(), device=platform.device(),
+            dtype=self.roles.actor.model.config.params_dtype)
         self.logger = MetricsLogger(
             mt.log_dir, rank=self.rank, total_iterations=mt.train_iters,
             use_tensorboard=rl.use_tensorboard, use_wandb=rl.use_wandb,
@@ -110,8 +118,12 @@ class RLTrainer:
         metrics: dict[str, float] = {}
         with self.timers.phase("all"):
             for phase in self.phases:
+                start = time.perf_counter()
                 with self.timers.phase(phase.name):
                     metrics.update(phase.run(self))
+                metrics.update(self.efficiency.after_phase(  # issue 14
+                    phase.name, time.perf_counter() - start))
+            metrics.update(self.efficiency.iteration())  # issue 14
             self.flow.retire_all()
             self.state.iteration = iteration
             mt = self.config.megatron_training

@@ -14,7 +14,6 @@ import torch
 from mindspeed_rl.config.plan import MicroBatching
 from mindspeed_rl.trainer.micro_batches import (RowBatch, build_micro_batch, make_micro_batches,
                                                 min_micro_batches, plan_micro_batches)
-from mindspeed_rl.trainer.packing import block_causal_mask
 
 
 def ragged_lengths(n=64, seed=0, prompt=(37, 39), longest=48, mean=12):
@@ -120,20 +119,13 @@ def test_packed_layout_indexes_each_row_in_the_one_sequence():
         assert torch.all(mb.extras["advantages"][j, start:start + n] == float(row))
 
 
-def test_block_causal_mask_separates_rows():
-    mask = block_causal_mask([2, 3])[0, 0]
-    visible = (~mask).int().tolist()
-    assert visible == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0],
-                       [0, 0, 1, 1, 1]]
-
-
 def test_rope_sees_positions_restarting_per_packed_row():
-    """The mask backend's hook on megatron's RotaryEmbedding gives every token the angle
+    """The rows backend's hook on megatron's RotaryEmbedding gives every token the angle
     of its position inside its own row."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.packing import MASK, PackedInputs
+    from mindspeed_rl.trainer.packing import ROWS, PackedInputs
 
     setup_platform()  # megatron's rotary embedding asks for the CUDA device
 
@@ -144,13 +136,48 @@ def test_rope_sees_positions_restarting_per_packed_row():
 
     stage = Stage()
     inputs = PackedInputs(stage)
-    assert inputs.backend == MASK
+    assert inputs.backend == ROWS
     mb = build_micro_batch(rows([(3, 2), (2, 4)]), [0, 1], packed=True)
     full = stage.rotary_pos_emb(mb.tokens.size(1))  # [S, 1, 1, d]: absolute positions
-    args = inputs.arguments(mb)
-    assert args["attention_mask"].shape == (1, 1, 11, 11)
+    assert inputs.arguments(mb) == {"attention_mask": None}
     per_row = stage.rotary_pos_emb(mb.tokens.size(1))  # [S, b, 1, d]
     expected = full[:, 0, 0, :][torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5])]
     assert torch.equal(per_row[:, 0, 0, :], expected)
     inputs.done()
     assert torch.equal(stage.rotary_pos_emb(mb.tokens.size(1)), full)  # padded: untouched
+
+
+# ---------------------------------------------------------------------------------------
+# configuration: rl_config keys, the dry-run
+# ---------------------------------------------------------------------------------------
+def test_budget_smaller_than_the_longest_row_fails_the_dry_run_naming_both_numbers(capsys):
+    from mindspeed_rl.config.cli import main
+
+    argv = ["--config", "configs/grpo_qwen25_7b.yaml", "--dry-run", "--world-size", "16",
+            "rl_config.use_dynamic_bsz=true", "rl_config.ref_max_packing_token_size=3000"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "rl_config.ref_max_packing_token_size" in err and "3000" in err
+    assert "2048 + generate_config.sampling_config.max_tokens=2048 = 4096" in err
+
+
+def test_dry_run_prints_each_phase_micro_batches(capsys):
+    from mindspeed_rl.config import load_config, make_plan
+    from mindspeed_rl.config.cli import main
+
+    config = load_config("configs/grpo_qwen25_7b.yaml",
+                         ["rl_config.actor_max_packing_token_size=6000",
+                          "rl_config.dynamic_max_batch_size=16"], check_data=False)
+    layouts = make_plan(config, 16).batch.micro_batching
+    assert layouts["update"] == MicroBatching(1, 4096, 16, True)
+    assert layouts["old_log_p"] == MicroBatching(4, 6000, 16, True)
+    assert "values" not in layouts  # no critic in a GRPO job
+    assert main(["--config", "configs/grpo_qwen25_7b.yaml", "--dry-run", "--world-size",
+                 "16"]) == 0
+    out = capsys.readouterr().out
+    assert "micro-batches (rl_config.use_dynamic_bsz / use_remove_padding)" in out
+    assert "<= 4,096 tokens, packed" in out
+    off = load_config("configs/grpo_qwen25_7b.yaml", ["rl_config.use_dynamic_bsz=false",
+                                                      "rl_config.use_remove_padding=false"],
+                      check_data=False)
+    assert make_plan(off, 16).batch.micro_batching["update"] == MicroBatching(1)

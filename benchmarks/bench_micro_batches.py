@@ -171,8 +171,9 @@ def run(args, config, plan):
                 f = take_counts()
                 counts[name] = (c.real / c.computed, f.real / f.computed)
                 if rank == 0:
-                    print(f"[{PROG}] turn {turn} {name}: update {times[name]['update'][-1]:.2f} s, "
-                          f"forward {times[name]['forward'][-1]:.2f} s", file=sys.stderr, flush=True)
+                    print(f"[{PROG}] turn {turn} {name}: update "
+                          f"{times[name]['update'][-1]:.2f} s, forward "
+                          f"{times[name]['forward'][-1]:.2f} s", file=sys.stderr, flush=True)
         peak_after = peak()
         peak_gflops = (peak_before + peak_after) / 2
         response = [r for _, r in lengths]
@@ -203,11 +204,9 @@ def run(args, config, plan):
         if base:
             for name in names:
                 v = out["variants"][name]
-                v["update_speedup_vs_off"] = round(
-                    v["update_useful_gflops_per_device"] / base["update_useful_gflops_per_device"], 3)
-                v["forward_speedup_vs_off"] = round(
-                    v["forward_useful_gflops_per_device"] / base["forward_useful_gflops_per_device"],
-                    3)
+                for phase in ("update", "forward"):
+                    key = f"{phase}_useful_gflops_per_device"
+                    v[f"{phase}_speedup_vs_off"] = round(v[key] / base[key], 3)
         return out if rank == 0 else None
     finally:
         teardown_distributed()

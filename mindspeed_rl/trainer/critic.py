@@ -13,8 +13,8 @@ import torch
 from mindspeed_rl.algorithms import masked_sum, value_loss
 from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.trainer.optim import TrainableModel
-from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for, reduce_sums_once_per_dp_rank,
-                                           run_schedule)
+from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
+                                           reduce_sums_once_per_dp_rank, run_schedule)
 
 _STAT_KEYS = ["vf_loss", "vf_clipfrac", "vpred", "returns", "returns_sq", "residual",
               "residual_sq", "tokens"]
@@ -28,8 +28,8 @@ def _scalar(outputs: torch.Tensor) -> torch.Tensor:
 class MegatronCritic(TrainableModel):
     """The PPO value model: ``values`` of the response positions, trained on GAE returns."""
 
-    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, *, cliprange_value: float
-               ) -> dict[str, float]:
+    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, *,
+               cliprange_value: float) -> dict[str, float]:
         """One optimizer step of the clipped value loss on ``batch`` (this DP rank's share of
         a mini-batch; ``extras``: ``values`` at rollout time and ``returns``). Token mean
         over the whole mini-batch, as the actor's loss."""
@@ -66,13 +66,15 @@ class MegatronCritic(TrainableModel):
                 **out}
 
 
-def forward_values(model, batch: RowBatch, micro_batch_size: int | MicroBatching) -> list[torch.Tensor]:
+def forward_values(model, batch: RowBatch, micro_batch_size: int | MicroBatching
+                   ) -> list[torch.Tensor]:
     """The critic's value before each response token: ``[R_i]`` per row."""
     return forward_rows(model, batch, micro_batch_size, ("values",),
                         lambda outputs, mb: (_scalar(outputs),))["values"]
 
 
-def forward_scores(model, batch: RowBatch, micro_batch_size: int | MicroBatching) -> list[torch.Tensor]:
+def forward_scores(model, batch: RowBatch, micro_batch_size: int | MicroBatching
+                   ) -> list[torch.Tensor]:
     """The reward model's score of each whole response: its output at the last response
     token (the position a sequence classifier reads), ``[]`` per row (0 for an empty one)."""
     # Outputs at positions P .. P+R-1 (after each response token): the response positions

@@ -62,11 +62,11 @@ def _response_hook(model) -> _ResponseOutputsOnly:
     return hook
 
 
-def micro_batches_for(model, batch: RowBatch, micro_batching: "int | MicroBatching"
-                      ) -> list[MicroBatch]:
-    """This DP rank's micro-batches of ``batch`` for ``model``; with a token budget the DP ranks first
-    agree on the count (the largest any of them needs), since the pipeline schedule and
-    the gradient all-reduce need every rank to run the same number."""
+def micro_batches_for(model, batch: RowBatch,
+                      micro_batching: "int | MicroBatching") -> list[MicroBatch]:
+    """This DP rank's micro-batches of ``batch`` for ``model``; with a token budget the DP
+    ranks first agree on the count (the largest any of them needs), since the pipeline
+    schedule and the gradient all-reduce need every rank to run the same number."""
     from megatron.core import parallel_state as ps
 
     spec = MicroBatching.of(micro_batching)

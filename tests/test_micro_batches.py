@@ -181,3 +181,30 @@ def test_dry_run_prints_each_phase_micro_batches(capsys):
                                                       "rl_config.use_remove_padding=false"],
                       check_data=False)
     assert make_plan(off, 16).batch.micro_batching["update"] == MicroBatching(1)
+
+
+# ---------------------------------------------------------------------------------------
+# efficiency accounting
+# ---------------------------------------------------------------------------------------
+def test_counts_give_padding_efficiency_and_the_flops_of_real_tokens():
+    from types import SimpleNamespace
+
+    from mindspeed_rl.metrics.flops import forward_flops, row_forward_flops
+    from mindspeed_rl.trainer.efficiency import count_tokens, take_counts
+
+    pr = [(3, 1), (5, 4), (2, 6)]
+    batch = rows(pr)
+    take_counts()
+    count_tokens(make_micro_batches(batch, 2), training=True)  # 2 x [2, 9]: 36 positions
+    c = take_counts()
+    assert (c.real, c.computed) == (21, 36)
+    spec = SimpleNamespace(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, kv_channels=8, vocab_size=50, is_moe=False,
+                           attention_parameters_per_layer=lambda: 4 * 16 * 16)
+    flops = forward_flops(spec, tokens=c.tokens, causal_pairs=c.causal_pairs,
+                          projected=c.projected)
+    assert flops == pytest.approx(3 * sum(row_forward_flops(spec, p, r) for p, r in pr))
+    count_tokens(make_micro_batches(batch, MicroBatching(max_tokens=30, packed=True)),
+                 training=False)
+    c = take_counts()
+    assert c.real == c.computed == 21 and c.projected == 11

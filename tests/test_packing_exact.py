@@ -186,6 +186,6 @@ def test_same_numbers_as_the_padded_path(results, layout, variant):
 def test_the_layouts_really_differ(results, layout):
     """The comparison is not of one layout with itself: the fixed path computes padding."""
     eff = {v: results[(*layout, v)]["efficiency"] for v in VARIANTS}
-    assert eff["fixed"] < 0.75
+    assert eff["fixed"] < 0.85
     assert eff["budget_packed"] == eff["packed"] == 1.0
     assert eff["fixed"] < eff["budget"] < 1.0

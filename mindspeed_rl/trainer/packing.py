@@ -19,9 +19,9 @@ megatron GPTModel:
   gives every position its row-relative angle. This is the block-diagonal causal
   mask without computing the masked-out blocks: a mask over the whole packed
   length ``T`` costs ``T x T`` attention scores per layer (measured on the demo's
-  ragged update: 1.1x faster than the padded layout with such a mask at
-  T = 512, against 1.7x with one core-attention call per row and ~2x without
-  packing, on a loaded machine).
+  ragged update, against the padded layout: 1.1x with such a mask at T = 512,
+  1.5-1.7x with one core-attention call per row, 1.72x side by side;
+  ``docs/micro_batches.md``).
 
 :func:`packing_backend` picks one from the model's attention module; the launcher
 prints :func:`packing_notice` at start-up.

@@ -100,6 +100,9 @@ def _worker(hf_dir: str):
 
             # ---- forwards -------------------------------------------------------------
             model, values_model = policy(), critic_model()
+            from mindspeed_rl.trainer.packing import packing_notice
+
+            out[(tp, pp, "notice")] = packing_notice(model)
             fwd = {}
             for name, spec in VARIANTS.items():
                 take_counts()
@@ -189,3 +192,12 @@ def test_the_layouts_really_differ(results, layout):
     assert eff["fixed"] < 0.85
     assert eff["budget_packed"] == eff["packed"] == 1.0
     assert eff["fixed"] < eff["budget"] < 1.0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["tp2", "pp2", "dp2"])
+def test_start_up_notice_names_the_fallback(results, layout):
+    """megatron's local attention cannot take PackedSeqParams: the notice says so and
+    names what runs instead."""
+    notice = results[(*layout, "notice")]
+    assert notice.startswith("use_remove_padding: DotProductAttention")
+    assert "cannot take PackedSeqParams (THD); fallback:" in notice

@@ -44,7 +44,8 @@ class MegatronActor(TrainableModel):
 
     weight_version = 0
 
-    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *, kl_coef: float,
+    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *,
+               kl_coef: float,
                vocab_size: int) -> dict[str, float]:
         """One optimizer step on ``batch`` (this DP rank's share of a mini-batch).
 
@@ -146,7 +147,8 @@ def response_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
                                               all_sum)  # [b, R]
 
 
-def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatching, vocab_size: int,
+def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatching,
+                     vocab_size: int,
                      with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-row response log-probs (and entropies) on every rank of the model's DP group.
 

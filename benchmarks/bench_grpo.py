@@ -29,6 +29,12 @@ goes to stderr) with
   rank), and ``fraction_of_matmul_peak``; compare with the machine's matmul
   peak (about 130-160 GFLOPS fp32 for the 2 cores of the CI machine, i.e. about
   half of that per rank with 2 ranks);
+* ``compute_floor_s``: the iteration's model FLOPs over the matmul peak of all
+  ranks (the time it would take at the measured peak), next to ``timing/all``;
+* ``padding_efficiency`` and ``mfu_by_phase_trainer``: the trainer's
+  ``perf/padding_efficiency/<phase>`` (real tokens / computed positions) and
+  ``perf/mfu/<phase>`` (medians), and ``micro_batching``: each phase's micro-batch
+  layout (``rl_config.use_dynamic_bsz`` / ``use_remove_padding``);
 * the token counts, sample counts and layout the numbers were measured with.
 
 FLOPs model (model FLOPs of useful work, as in MFU: padding, recomputation,
@@ -71,11 +77,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from json_report import stdout_reserved_for_json  # noqa: E402 - benchmarks/ is on sys.path
+
+from mindspeed_rl.metrics.flops import active_body_parameters, matmul_gflops  # noqa: E402
 
 PROG = "bench_grpo.py"
 _EPILOG = """\
@@ -130,18 +137,6 @@ def _parse(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------
 # FLOPs model (see the module docstring)
 # ---------------------------------------------------------------------------------------
-def active_body_parameters(spec) -> int:
-    """Non-embedding matmul parameters one token passes through (MoE: top-k experts)."""
-    h = spec.hidden_size
-    if spec.is_moe:
-        mlp = (spec.router_parameters_per_layer()
-               + (spec.num_experts_per_tok or 1) * 3 * h * spec.moe_intermediate_size
-               + spec.shared_expert_parameters_per_layer())
-    else:
-        mlp = 3 * h * spec.intermediate_size
-    return spec.num_hidden_layers * (spec.attention_parameters_per_layer() + mlp)
-
-
 def iteration_flops(spec, *, prompt_len: float, response_len: float, num_prompts: int,
                     n_samples: int, epochs: int, with_ref: bool, with_old: bool) -> dict[str, float]:
     """Model FLOPs of one GRPO iteration by phase (``train``, ``ref``, ``old``, ``rollout``)."""
@@ -165,20 +160,6 @@ def iteration_flops(spec, *, prompt_len: float, response_len: float, num_prompts
         "old": rows * forward if with_old else 0.0,
         "rollout": num_prompts * prefill + rows * decode,
     }
-
-
-def matmul_gflops(size: int = 1024, seconds: float = 2.0) -> float:
-    """fp32 GFLOPS of this process's torch threads on a square matmul."""
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(2):
-        a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * size ** 3 * count / (time.perf_counter() - start) / 1e9
 
 
 def _median(values):
@@ -268,6 +249,19 @@ def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_re
             for k in ("train", "ref", "old", "rollout")},
         "matmul_peak_gflops_per_device": _round(matmul_peak, 2),
         "fraction_of_matmul_peak": _round(achieved / matmul_peak, 4) if matmul_peak else None,
+        # The iteration at the measured peak (all ranks): its model FLOPs / (peak x world),
+        # next to the measured timing/all.
+        "compute_floor_s": _round(_median(p["total"] for p in per_iter) / (
+            matmul_peak * 1e9 * world), 3) if matmul_peak else None,
+        # The trainer's own accounting (mindspeed_rl.trainer.efficiency), per phase.
+        "padding_efficiency": {k.split("/", 2)[2]: _round(_median(m.get(k) for m in timed))
+                               for k in sorted({k for m in timed for k in m
+                                                if k.startswith("perf/padding_efficiency/")})},
+        "mfu_by_phase_trainer": {k.split("/", 2)[2]: _round(_median(m.get(k) for m in timed))
+                                 for k in sorted({k for m in timed for k in m
+                                                  if k.startswith("perf/mfu/")})},
+        "micro_batching": {phase: m.describe() for phase, m in
+                           plan.batch.micro_batching.items()},
         "prompt_tokens_per_iteration": _round(_median(p["prompt_tokens"] for p in per_iter), 1),
         "response_tokens_per_iteration": _round(_median(p["response_tokens"] for p in per_iter), 1),
         "prompt_length_mean": _round(_median(m["prompt_length/mean"] for m in timed), 2),

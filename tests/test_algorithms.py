@@ -438,3 +438,32 @@ def test_truncated_is_weights_cap_the_rollout_ratio():
     close(loss, -(2.0 + 0.5 + 3.0) / 3)
     with pytest.raises(ValueError, match="rollout_is_threshold"):
         truncated_is_weights(old, rollout, 0.0)
+
+
+def test_packed_sequences_aggregate_like_rows():
+    """Responses packed along one row with segment ids give the row layout's loss, GSPO
+    ratio and gradient (the trainer packs rows when use_remove_padding is on)."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [2, 4, 1]
+    rows_mask = torch.zeros(3, 4)
+    for i, n in enumerate(lengths):
+        rows_mask[i, :n] = 1
+    logp_rows = (-torch.rand(3, 4, generator=g)).requires_grad_(True)
+    old_rows = -torch.rand(3, 4, generator=g)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    # the same tokens packed into one row of 7, segment ids 0 0 1 1 1 1 2
+    idx = [(i, t) for i, n in enumerate(lengths) for t in range(n)]
+    seg = torch.tensor([[i for i, _ in idx]])
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"):
+        for level in ("token", "sequence"):
+            kw = dict(loss_agg_mode=mode, norm_length=4, ratio_level=level)
+            rows_loss, _ = policy_loss(logp_rows, old_rows, adv, rows_mask, 0.2, 0.28, **kw)
+            packed_logp = torch.stack([logp_rows[i, t] for i, t in idx])[None]
+            packed_old = torch.stack([old_rows[i, t] for i, t in idx])[None]
+            packed_adv = torch.stack([adv[i] for i, _ in idx])[None]
+            packed_loss, _ = policy_loss(packed_logp, packed_old, packed_adv,
+                                         torch.ones(1, 7), 0.2, 0.28, segment_ids=seg, **kw)
+            close(packed_loss, rows_loss, tol=1e-6)
+            (g_rows,) = torch.autograd.grad(rows_loss, logp_rows)
+            (g_packed,) = torch.autograd.grad(packed_loss, logp_rows)
+            close(g_packed, g_rows, tol=1e-6)

@@ -514,6 +514,8 @@ def test_bad_dapo_values_fail_before_any_process_group(job, override, expected):
 def test_docs_key_reference_is_the_schema():
     """docs/config.md's key reference is generated from the schema: regenerate it with
     `python -m mindspeed_rl.config.reference --write` after changing a key."""
-    from mindspeed_rl.config.reference import key_reference
+    from mindspeed_rl.config.reference import key_reference, mindspeed_tables
 
-    assert (REPO / "docs" / "config.md").read_text().endswith(key_reference())
+    docs = (REPO / "docs" / "config.md").read_text()
+    assert docs.endswith(key_reference())
+    assert mindspeed_tables() in docs

@@ -16,10 +16,29 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm")
 
 
+def sequence_sums(values: torch.Tensor, mask: torch.Tensor,
+                  segment_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence sums of masked ``values`` and token counts: ``([seqs], [seqs])``.
+
+    A sequence is a row of ``[batch, resp_len]``, or, with ``segment_ids`` (``[batch,
+    resp_len]`` int64, the sequence of each position, any value on masked positions), a
+    run of positions sharing an id: several responses packed along one row.
+    """
+    mask_f = mask.to(values.dtype)
+    if segment_ids is None:
+        return (values * mask_f).sum(dim=-1), mask_f.sum(dim=-1)
+    ids = torch.where(mask_f > 0, segment_ids, torch.zeros_like(segment_ids)).reshape(-1)
+    size = int(ids.max().item()) + 1 if ids.numel() else 0
+    sums = torch.zeros(size, dtype=values.dtype).index_add(0, ids, (values * mask_f).reshape(-1))
+    counts = torch.zeros(size, dtype=values.dtype).index_add(0, ids, mask_f.reshape(-1))
+    return sums, counts
+
+
 def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "token-mean",
              num_tokens_global: float | None = None,
              num_seqs_global: float | None = None,
-             norm_length: float | None = None) -> torch.Tensor:
+             norm_length: float | None = None,
+             segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a per-token loss to a scalar.
 
     - ``token-mean`` (DAPO's token-level loss):
@@ -40,6 +59,8 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "t
     and data-parallel ranks. A framework that averages gradients over DP ranks
     (or over micro-batches) must therefore scale the share back up by that count.
 
+    ``segment_ids`` (see `sequence_sums`) lets one row hold several packed sequences.
+
     loss_mat, mask: [batch, resp_len] -> scalar
     """
     mask_f = mask.to(loss_mat.dtype)
@@ -48,8 +69,7 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "t
             return masked_mean(loss_mat, mask_f)
         return (loss_mat * mask_f).sum() / max(float(num_tokens_global), 1.0)
     if loss_agg_mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        tokens_per_seq = mask_f.sum(dim=-1)  # [batch]
-        seq_sums = (loss_mat * mask_f).sum(dim=-1)  # [batch]
+        seq_sums, tokens_per_seq = sequence_sums(loss_mat, mask_f, segment_ids)  # [seqs]
         if loss_agg_mode == "seq-mean-token-mean":
             seq_losses = seq_sums / tokens_per_seq.clamp(min=1.0)
         elif loss_agg_mode == "seq-mean-token-sum-norm":
@@ -89,7 +109,7 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
                 loss_agg_mode: str = "token-mean", num_tokens_global: float | None = None,
                 num_seqs_global: float | None = None, clip_ratio_dual: float | None = None,
                 *, ratio_level: str = "token", is_weights: torch.Tensor | None = None,
-                norm_length: float | None = None,
+                norm_length: float | None = None, segment_ids: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss, with asymmetric clipping (DAPO clip-higher).
 
@@ -107,7 +127,8 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
 
     ``is_weights`` (truncated importance weights of the rollout engine's samples,
     `truncated_is_weights`) multiply each token's loss. The per-token losses are reduced
-    by ``agg_loss(loss_agg_mode, num_tokens_global, num_seqs_global, norm_length)``.
+    by ``agg_loss(loss_agg_mode, num_tokens_global, num_seqs_global, norm_length,
+    segment_ids)``; ``segment_ids`` also delimits GSPO's sequences when rows are packed.
 
     logprobs: current policy log-probs of the response tokens (with grad),
     logprobs_old: the behaviour policy's (no grad), both [batch, resp_len];
@@ -129,9 +150,13 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
     mask_f = mask.to(logprobs.dtype)
     log_ratio = torch.clamp(logprobs - logprobs_old, min=-20.0, max=20.0)
     if ratio_level == "sequence":
-        seq_log_ratio = (log_ratio * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1.0)  # [batch]
-        log_ratio = torch.clamp(seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach(),
-                                min=-20.0, max=20.0)
+        sums, counts = sequence_sums(log_ratio, mask_f, segment_ids)
+        seq_log_ratio = (sums / counts.clamp(min=1.0)).detach()  # [seqs]
+        if segment_ids is None:
+            per_token = seq_log_ratio[:, None]
+        else:
+            per_token = seq_log_ratio[segment_ids.clamp(0, max(len(seq_log_ratio) - 1, 0))]
+        log_ratio = torch.clamp(per_token + logprobs - logprobs.detach(), min=-20.0, max=20.0)
     elif ratio_level != "token":
         raise ValueError(f"ratio_level {ratio_level!r} is neither token nor sequence")
     ratio = torch.exp(log_ratio)
@@ -150,7 +175,7 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
     if is_weights is not None:
         losses = losses * is_weights
     loss = agg_loss(losses, mask_f, loss_agg_mode, num_tokens_global, num_seqs_global,
-                    norm_length)
+                    norm_length, segment_ids)
     with torch.no_grad():
         stats = {
             "pg_loss": loss.detach(),

@@ -283,6 +283,22 @@ def _check_lengths(config: RLJobConfig) -> None:
     _require(mt.seq_length <= gen.max_model_len, "megatron_training.seq_length", mt.seq_length,
              f"exceeds generate_config.max_model_len={gen.max_model_len} (MindSpeed-RL checks "
              "the same)", f"use at most {gen.max_model_len}")
+    if rl.use_dynamic_bsz:
+        for prefix in ("", "update_", "actor_", "ref_"):
+            key = f"{prefix}max_packing_token_size"
+            budget = getattr(rl, key)
+            if budget is None:
+                continue
+            _require(budget >= total, f"rl_config.{key}", budget,
+                     f"smaller than the longest single row: rl_config.max_prompt_length={prompt} "
+                     f"+ generate_config.sampling_config.max_tokens={response} = {total} tokens "
+                     "(a micro-batch must hold at least one row)",
+                     f"use at least {total} (MindSpeed-RL suggests twice that, {2 * total})")
+        for prefix in ("", "update_", "actor_", "ref_"):
+            key = f"{prefix}dynamic_max_batch_size"
+            cap = getattr(rl, key)
+            _require(cap is None or cap > 0, f"rl_config.{key}", cap, "must be greater than 0",
+                     "use a positive row count, or null for no cap")
     limit = config.model.max_position_embeddings
     _require(limit is None or gen.max_model_len <= limit, "generate_config.max_model_len",
              gen.max_model_len, f"exceeds the model's max_position_embeddings={limit}",

@@ -95,8 +95,9 @@ _RAY = "a Ray / worker-placement setting; here one SPMD torchrun program hosts e
        "on every rank"
 _DISPATCH = "a MindSpeed-RL TransferDock chunk size; here each get takes a data-parallel " \
             "rank's whole share, balanced by tokens, which computes the same batches"
-_PACKING = "a packing/padding choice of the forward pass (remove-padding, dynamic batch); " \
-           "rows here are right-padded per micro-batch, which computes the same log-probs"
+_PACKING = "a packing/padding choice of Megatron's data loader; here rl_config." \
+           "use_remove_padding / use_dynamic_bsz lay out the micro-batches, which compute the " \
+           "same log-probs either way"
 _LOGGING = "a logging or diagnostics choice (metrics always go to metrics.jsonl)"
 _DATA_PREP = "a data-preprocessing setting (tools/preprocess_data.py writes the data)"
 _MODEL_YAML = "a model-yaml (architecture) key; put it in configs/model/<name>.yaml"
@@ -225,11 +226,12 @@ ROWS: list[KeyRow] = [
     *_na(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch_size "
          "reward_dispatch_size adv_dispatch_size actor_update_dispatch_size "
          "dynamic_sampling_dispatch_size kl_dispatch_size", _DISPATCH),
-    *_na(RL, "use_remove_padding use_dynamic_bsz max_packing_token_size "
-         "ref_max_packing_token_size actor_max_packing_token_size "
-         "update_max_packing_token_size dynamic_max_batch_size ref_dynamic_max_batch_size "
-         "actor_dynamic_max_batch_size update_dynamic_max_batch_size use_dp_batch_balance",
-         _PACKING),
+    *_same(RL, "use_remove_padding use_dynamic_bsz max_packing_token_size "
+           "ref_max_packing_token_size actor_max_packing_token_size "
+           "update_max_packing_token_size dynamic_max_batch_size ref_dynamic_max_batch_size "
+           "actor_dynamic_max_batch_size update_dynamic_max_batch_size", "rl_config"),
+    *_na(RL, "use_dp_batch_balance", "the TransferDock balances every get by tokens over the "
+         "data-parallel ranks here"),
     *_na(RL, "verifier_parallel verifier_timeout", "rule rewards are scored in-process on the "
          "rank that generated the responses"),
     *_na(RL, "log_max_throughput wandb_exp_name wandb_save_dir use_swanlab swanlab_mode "

@@ -40,6 +40,76 @@ _LAYOUT_KEYS = {
 
 
 @dataclass(frozen=True)
+class MicroBatching:
+    """How one phase groups its rows into micro-batches (``rl_config.use_dynamic_bsz``,
+    ``max_packing_token_size``, ``dynamic_max_batch_size``, ``use_remove_padding``).
+
+    Args:
+        micro_batch_size: rows per micro-batch when ``max_tokens`` is None.
+        max_tokens: the token budget of one micro-batch (``use_dynamic_bsz``): packed,
+            the sum of its rows' lengths; padded, rows x its longest row. None = fixed
+            ``micro_batch_size`` rows, padded to the longest row of the batch.
+        max_rows: at most this many rows in a token-budget micro-batch; None = no cap.
+        packed: concatenate each micro-batch's rows into one sequence.
+    """
+
+    micro_batch_size: int = 1
+    max_tokens: int | None = None
+    max_rows: int | None = None
+    packed: bool = False
+
+    @property
+    def dynamic(self) -> bool:
+        return self.max_tokens is not None
+
+    @classmethod
+    def of(cls, micro_batching: "int | MicroBatching") -> "MicroBatching":
+        """A plain int means the fixed layout with that ``micro_batch_size``."""
+        if isinstance(micro_batching, MicroBatching):
+            return micro_batching
+        return cls(micro_batch_size=int(micro_batching))
+
+    def describe(self) -> str:
+        if self.dynamic:
+            text = f"<= {self.max_tokens:,} tokens"
+            if self.max_rows:
+                text += f", <= {self.max_rows} rows"
+        else:
+            text = f"{self.micro_batch_size} rows"
+        return text + (", packed" if self.packed else ", padded")
+
+
+# (phase, rl_config prefix of its token budget and row cap)
+_MICRO_BATCH_PHASES = (("update", "update_"), ("old_log_p", "actor_"),
+                       ("reference_model", "ref_"), ("critic_update", "update_"),
+                       ("values", ""), ("reward_model", ""))
+
+
+def micro_batchings(config: RLJobConfig) -> dict[str, MicroBatching]:
+    """Each phase's :class:`MicroBatching` (only the phases the job can run)."""
+    rl, critic, reward = config.rl_config, config.critic_config, config.reward_config
+    rows = {"update": config.actor_config.micro_batch_size,
+            "old_log_p": rl.actor_forward_micro_batch_size,
+            "reference_model": rl.ref_forward_micro_batch_size}
+    if critic is not None:
+        rows.update(critic_update=critic.micro_batch_size,
+                    values=rl.critic_forward_micro_batch_size)
+    if reward is not None:
+        rows["reward_model"] = reward.micro_batch_size
+    out = {}
+    for phase, prefix in _MICRO_BATCH_PHASES:
+        if phase not in rows:
+            continue
+        budget = getattr(rl, f"{prefix}max_packing_token_size") or rl.max_packing_token_size
+        cap = getattr(rl, f"{prefix}dynamic_max_batch_size") or rl.dynamic_max_batch_size
+        out[phase] = MicroBatching(micro_batch_size=rows[phase],
+                                   max_tokens=budget if rl.use_dynamic_bsz else None,
+                                   max_rows=cap if rl.use_dynamic_bsz else None,
+                                   packed=rl.use_remove_padding)
+    return out
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     """The batch arithmetic of one iteration, for every phase (exact counts).
 
@@ -62,6 +132,9 @@ class BatchPlan:
     ref_logprob_micro_batches_per_training_dp_rank: int
     critic_micro_batches_per_mini_batch: int            # 0 without a critic
     value_micro_batches_per_training_dp_rank: int       # 0 without a critic
+    # phase -> its micro-batch layout; with use_dynamic_bsz the counts above are the
+    # fixed-size ones and the real counts depend on the rows' lengths.
+    micro_batching: dict[str, MicroBatching] = field(default_factory=dict)
 
     @classmethod
     def of(cls, config: RLJobConfig, layout: ParallelLayout) -> "BatchPlan":
@@ -91,6 +164,7 @@ class BatchPlan:
                 mini * n // (dp * critic.micro_batch_size) if critic else 0),
             value_micro_batches_per_training_dp_rank=(
                 -(-per_dp // rl.critic_forward_micro_batch_size) if critic else 0),
+            micro_batching=micro_batchings(config),
         )
 
     @property
@@ -201,6 +275,11 @@ class Plan:
         lines.append("samples per iteration")
         lines += [f"  {label:<{width}}{value:>8,}" for label, value in rows]
         lines.append("")
+        layouts = self.batch.micro_batching
+        if any(m.dynamic or m.packed for m in layouts.values()):
+            lines.append("micro-batches (rl_config.use_dynamic_bsz / use_remove_padding)")
+            lines += [f"  {phase:<{width}}{m.describe():>8}" for phase, m in layouts.items()]
+            lines.append("")
         p = self.parameters
         lines += ["parameters per rank (heaviest pipeline stage)",
                   f"  {'training (actor, reference)':<{width}}{p['training_per_rank']:>14,}",
@@ -348,7 +427,7 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                     config.generate_config)
     m = config.model
     batch = BatchPlan.of(config, layout)
-    samples = dataclasses.asdict(batch)
+    samples = {k: v for k, v in dataclasses.asdict(batch).items() if k != "micro_batching"}
     dp = layout.data_parallel_size
 
     tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,

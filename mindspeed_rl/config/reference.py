@@ -1,11 +1,10 @@
-"""The key reference of docs/config.md, generated from the schema (so the two never drift).
+"""The generated parts of docs/config.md, so they never drift from the code:
 
-    python -m mindspeed_rl.config.reference            # print it
-    python -m mindspeed_rl.config.reference --write    # rewrite docs/config.md's section
+- the key reference, from the schema (each key's type, default and ``setting(doc=...)``);
+- the MindSpeed-RL key tables, from ``mindspeed_keys.ROWS``.
 
-Each section's table lists every key with its type, default and the documentation the
-schema carries (``setting(doc=...)``); keys marked (path) resolve against the working
-directory.
+    python -m mindspeed_rl.config.reference            # print both
+    python -m mindspeed_rl.config.reference --write    # rewrite them in docs/config.md
 """
 
 from __future__ import annotations
@@ -78,16 +77,62 @@ def key_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# The MindSpeed-RL tables sit between these two headings of docs/config.md.
+MINDSPEED_START = "#### top level"
+MINDSPEED_END = "#### MindSpeed-RL model yamls"
+
+
+def mindspeed_tables() -> str:
+    """How every MindSpeed-RL key is handled, one table per family (``ROWS``)."""
+    from mindspeed_rl.config.mindspeed_keys import (GENERATE, HONOURED, MEGATRON,
+                                                    NOT_APPLICABLE, RL, ROWS, SAMPLING, TOP)
+
+    titles = {TOP: (MINDSPEED_START, None),
+              MEGATRON: ("#### `megatron_training` / `actor_config` (Megatron keys; "
+                         "MindSpeed-RL merges the two sections)", "megatron_training"),
+              RL: ("#### `rl_config`", "rl_config"),
+              GENERATE: ("#### `generate_config`", "generate_config"),
+              SAMPLING: ("#### `generate_config.sampling_config`",
+                         "generate_config.sampling_config")}
+    lines = []
+    for family, (title, home) in titles.items():
+        rows = [r for r in ROWS if r.family == family]
+        lines += [title, ""]
+        honoured = [f"`{r.name}`" + ("" if r.detail == f"{home}.{r.name}" else f" (`{r.detail}`)")
+                    for r in rows if r.handling == HONOURED]
+        if honoured:
+            lines += ["Honoured, same name and meaning: " + ", ".join(honoured) + ".", ""]
+        groups: list[tuple[tuple, list[str]]] = []
+        for r in rows:
+            if r.handling == HONOURED:
+                continue
+            accepted = (r.needs or "any") if r.handling == NOT_APPLICABLE else "-"
+            key = (r.handling, r.detail, accepted)
+            if groups and groups[-1][0] == key:
+                groups[-1][1].append(r.name)
+            else:
+                groups.append((key, [r.name]))
+        if groups:
+            lines += ["| key | handling | why / what it becomes | values accepted |",
+                      "| --- | --- | --- | --- |"]
+            for (handling, detail, accepted), names in groups:
+                keys = ", ".join(f"`{n}`" for n in names)
+                lines.append(f"| {keys} | {handling} | {detail.replace('|', '/')} | {accepted} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    text = key_reference()
     if argv == ["--write"]:
         path = Path(__file__).resolve().parents[2] / "docs" / "config.md"
         docs = path.read_text()
-        path.write_text(docs[:docs.index(HEADING)] + text)
+        start, end = docs.index(MINDSPEED_START), docs.index(MINDSPEED_END)
+        docs = docs[:start] + mindspeed_tables() + docs[end:]
+        path.write_text(docs[:docs.index(HEADING)] + key_reference())
         print(f"wrote {path}")
     else:
-        print(text, end="")
+        print(mindspeed_tables() + "\n" + key_reference(), end="")
     return 0
 
 

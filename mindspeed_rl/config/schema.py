@@ -276,6 +276,37 @@ class RLConfig:
     log_sample_flow: bool = setting(False, (
         "write the row ids every rank received from each TransferDock get to "
         "megatron_training.log_dir/sample_flow/rank<N>.jsonl (debugging the sample flow)"))
+    use_dynamic_bsz: bool = setting(False, (
+        "token-budget micro-batches (MindSpeed-RL's dynamic batch size): rows are grouped by "
+        "length so that each micro-batch holds at most max_packing_token_size tokens and about "
+        "as many as the others, instead of a fixed number of rows padded to the longest row "
+        "of the batch; the training DP ranks agree on the number of micro-batches"))
+    max_packing_token_size: int = setting(4096, (
+        "use_dynamic_bsz: tokens (prompt + response) per micro-batch; with use_remove_padding "
+        "the length of one packed sequence, without it rows x the micro-batch's longest row. "
+        "Must hold the longest row, max_prompt_length + max_tokens (MindSpeed-RL suggests "
+        "twice that)"))
+    update_max_packing_token_size: int | None = setting(None, (
+        "the token budget of the actor's (and the critic's) update micro-batches; null = "
+        "max_packing_token_size"))
+    actor_max_packing_token_size: int | None = setting(None, (
+        "the token budget of the old log-prob forward; null = max_packing_token_size"))
+    ref_max_packing_token_size: int | None = setting(None, (
+        "the token budget of the reference log-prob forward; null = max_packing_token_size"))
+    dynamic_max_batch_size: int | None = setting(None, (
+        "use_dynamic_bsz: at most this many rows in one micro-batch; null = no cap"))
+    update_dynamic_max_batch_size: int | None = setting(None, (
+        "the row cap of update micro-batches; null = dynamic_max_batch_size"))
+    actor_dynamic_max_batch_size: int | None = setting(None, (
+        "the row cap of old log-prob micro-batches; null = dynamic_max_batch_size"))
+    ref_dynamic_max_batch_size: int | None = setting(None, (
+        "the row cap of reference log-prob micro-batches; null = dynamic_max_batch_size"))
+    use_remove_padding: bool = setting(False, (
+        "packed sequences: the rows of a micro-batch run as one sequence (each attends only "
+        "to itself, positions restart per row), so no position is padding. Uses megatron "
+        "PackedSeqParams (THD) where the attention supports it, else a block-diagonal causal "
+        "mask (said at start-up). Without use_dynamic_bsz a micro-batch packs the usual "
+        "micro_batch_size rows"))
     use_tensorboard: bool = setting(False, "also write tensorboard events to "
                                            "megatron_training.log_dir")
     use_wandb: bool = setting(False, "also log to Weights & Biases")

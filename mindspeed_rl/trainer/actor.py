@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import torch
 
-from mindspeed_rl.algorithms import (entropy_from_vocab_parallel_logits, kl_penalty,
-                                     logprobs_from_vocab_parallel_logits, masked_sum, policy_loss)
-from mindspeed_rl.trainer.micro_batches import MicroBatch, RowBatch, make_micro_batches
+from mindspeed_rl.algorithms import (agg_loss, entropy_from_vocab_parallel_logits, kl_penalty,
+                                     logprobs_from_vocab_parallel_logits, policy_loss,
+                                     truncated_is_weights)
+from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.trainer.optim import TrainableModel
-from mindspeed_rl.trainer.schedule import (forward_rows, reduce_sums_once_per_dp_rank,
-                                           run_schedule, tp_reductions)
+from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
+                                           reduce_sums_once_per_dp_rank, run_schedule,
+                                           tp_reductions)
 
 # Padded vocabulary columns get this logit: exp() underflows to exactly 0 and, unlike
 # -inf, 0 * logit stays 0 in the entropy.
 _MASKED_LOGIT = -1e9
 
 _STAT_KEYS = ["pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl",
-              "rollout_logprob_abs_diff", "tokens"]
+              "rollout_logprob_abs_diff", "tokens", "units"]
+_PER_UNIT = ("pg_loss", "kl_loss", "entropy")
 
 
 def build_policy_model(arch, *, params_dtype: torch.dtype, sequence_parallel: bool,
@@ -47,17 +50,23 @@ class MegatronActor(TrainableModel):
 
     weight_version = 0
 
-    def update(self, batch: RowBatch, micro_batch_size: int, rl, *, kl_coef: float,
-               vocab_size: int) -> dict[str, float]:
+    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *,
+               kl_coef: float, vocab_size: int, norm_length: float | None = None
+               ) -> dict[str, float]:
         """One optimizer step on ``batch`` (this DP rank's share of a mini-batch).
 
-        ``rl`` is the ``rl_config`` section (clip ratio, KL estimator, entropy
-        coefficient); ``kl_coef`` the KL loss coefficient (0 when the KL is in the
-        reward). The loss is a token mean over the whole mini-batch (all DP ranks):
-        megatron sums per-token losses over micro-batches and divides the grads by
-        the global token count (``calculate_per_token_loss``). Rows without
-        ``logprobs_old`` must come from the current weights (on-policy): their old
-        log-probs are this forward's, detached.
+        ``rl`` is the ``rl_config`` section: clip ranges (``clip_ratio``, clip-higher's
+        ``clip_ratio_low/high``, dual-clip ``clip_ratio_c``), ``policy_loss`` (vanilla or
+        GSPO), ``loss_agg_mode``, the KL estimator, the entropy coefficient and the
+        truncated-IS threshold; ``kl_coef`` the KL loss coefficient (0 when the KL is in
+        the reward); ``norm_length`` Dr. GRPO's constant length (max_tokens).
+
+        Exact over micro-batches and DP ranks: each micro-batch returns the sum of its
+        terms and its count of units (tokens for token-mean, sequences otherwise);
+        megatron divides the gradients by the units of the whole mini-batch (all DP
+        ranks, ``calculate_per_token_loss``). Rows without ``logprobs_old`` must come
+        from the current weights (on-policy): their old log-probs are this forward's,
+        detached.
         """
         if "logprobs_old" not in batch.extras:
             stale = [int(v) for v in batch.extras.pop("weight_version", []) if
@@ -68,6 +77,10 @@ class MegatronActor(TrainableModel):
                     f"of weights v{self.weight_version} without old log-probs; an off-policy "
                     "row needs the old_log_p phase")
         batch.extras.pop("weight_version", None)
+        mode = rl.loss_agg_mode
+        low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
+        high = rl.clip_ratio if rl.clip_ratio_high is None else rl.clip_ratio_high
+        level = "sequence" if rl.policy_loss == "gspo" else "token"
         sums: dict[str, float] = {}
         max_diff = torch.zeros(())
 
@@ -76,20 +89,30 @@ class MegatronActor(TrainableModel):
             logp = response_logprobs(logits, mb, vocab_size)
             mask = mb.mask
             logp_old = mb.extras["logprobs_old"] if "logprobs_old" in mb.extras else logp.detach()
-            pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"],
-                                        mask, rl.clip_ratio, rl.clip_ratio, "token-mean",
-                                        num_tokens_global=1.0)  # = sum over this micro-batch
+            segments = segment_ids(mb)
+            # Each term is this micro-batch's sum over its units; megatron divides by all units.
+            agg = dict(loss_agg_mode=mode, num_tokens_global=1.0, num_seqs_global=1.0,
+                       norm_length=norm_length, segment_ids=segments)
+            is_weights = None
+            if rl.rollout_is_threshold is not None:
+                is_weights = truncated_is_weights(logp_old, mb.extras["logprobs_rollout"],
+                                                  rl.rollout_is_threshold)
+            pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"], mask, low, high,
+                                        clip_ratio_dual=rl.clip_ratio_c, ratio_level=level,
+                                        is_weights=is_weights, **agg)
             loss = pg_sum
             kl_sum = torch.zeros(())
             if kl_coef:
-                kl_sum = masked_sum(kl_penalty(logp, mb.extras["logprobs_ref"], rl.kl_penalty),
-                                    mask)
+                kl_sum = agg_loss(kl_penalty(logp, mb.extras["logprobs_ref"], rl.kl_penalty),
+                                  mask, **agg)
                 loss = loss + kl_coef * kl_sum
             with torch.set_grad_enabled(rl.entropy_coeff != 0 and torch.is_grad_enabled()):
-                ent_sum = masked_sum(response_entropy(logits, vocab_size), mask)
+                ent_sum = agg_loss(response_entropy(logits, vocab_size), mask, **agg)
             if rl.entropy_coeff:
                 loss = loss - rl.entropy_coeff * ent_sum
             n = mask.sum()
+            units = n if mode == "token-mean" else torch.tensor(
+                float(sum(1 for _, _, length in mb.spans if length > 0)))
             # vLLM's log-probs against the training engine's, for the same weights.
             diff = torch.zeros_like(mask)
             if "logprobs_rollout" in mb.extras:
@@ -98,20 +121,31 @@ class MegatronActor(TrainableModel):
             for key, value in (("pg_loss", pg_sum), ("kl_loss", kl_sum), ("entropy", ent_sum),
                                ("pg_clipfrac", stats["pg_clipfrac"] * n),
                                ("ppo_kl", stats["approx_kl"] * n),
-                               ("rollout_logprob_abs_diff", diff.sum()), ("tokens", n)):
+                               ("rollout_logprob_abs_diff", diff.sum()), ("tokens", n),
+                               ("units", units)):
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
-            return loss, n.to(torch.int), {"loss": loss.detach().clone()}
+            return loss, units.to(torch.int), {"loss": loss.detach().clone()}
 
-        micro = make_micro_batches(batch, micro_batch_size)
+        micro = micro_batches_for(self.model, batch, micro_batch_size)
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
                                              forward_only=False), sums.values)
         self.weight_version += int(out["update_ok"])  # a skipped step leaves the weights
         totals = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)
-        tokens = max(totals.pop("tokens"), 1.0)
-        stats = {k: v / tokens for k, v in totals.items()}
+        tokens, units = max(totals.pop("tokens"), 1.0), max(totals.pop("units"), 1.0)
+        # the loss terms per unit of the aggregation; the rest per token
+        stats = {k: v / (units if k in _PER_UNIT else tokens) for k, v in totals.items()}
         stats["rollout_logprob_abs_diff_max"] = max_over_world(float(max_diff))
         stats.update(out)
         return stats
+
+
+def segment_ids(mb: MicroBatch) -> torch.Tensor:
+    """``[b, R]`` int64: which of the micro-batch's rows each response position belongs to
+    (0 on padding), so sequence-level losses group a packed sequence's rows correctly."""
+    ids = torch.zeros_like(mb.response_ids)
+    for k, (j, start, length) in enumerate(mb.spans):
+        ids[j, start:start + length] = k
+    return ids
 
 
 def max_over_world(value: float) -> float:
@@ -149,7 +183,8 @@ def response_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
                                               all_sum)  # [b, R]
 
 
-def forward_logprobs(model, batch: RowBatch, micro_batch_size: int, vocab_size: int,
+def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatching,
+                     vocab_size: int,
                      with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-row response log-probs (and entropies) on every rank of the model's DP group.
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from mindspeed_rl.algorithms import masked_sum, value_loss
-from mindspeed_rl.trainer.micro_batches import MicroBatch, RowBatch, make_micro_batches
+from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.trainer.optim import TrainableModel
-from mindspeed_rl.trainer.schedule import forward_rows, reduce_sums_once_per_dp_rank, run_schedule
+from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
+                                           reduce_sums_once_per_dp_rank, run_schedule)
 
 _STAT_KEYS = ["vf_loss", "vf_clipfrac", "vpred", "returns", "returns_sq", "residual",
               "residual_sq", "tokens"]
@@ -27,8 +28,8 @@ def _scalar(outputs: torch.Tensor) -> torch.Tensor:
 class MegatronCritic(TrainableModel):
     """The PPO value model: ``values`` of the response positions, trained on GAE returns."""
 
-    def update(self, batch: RowBatch, micro_batch_size: int, *, cliprange_value: float
-               ) -> dict[str, float]:
+    def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, *,
+               cliprange_value: float) -> dict[str, float]:
         """One optimizer step of the clipped value loss on ``batch`` (this DP rank's share of
         a mini-batch; ``extras``: ``values`` at rollout time and ``returns``). Token mean
         over the whole mini-batch, as the actor's loss."""
@@ -50,7 +51,7 @@ class MegatronCritic(TrainableModel):
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
             return loss, n.to(torch.int), {"loss": loss.detach().clone()}
 
-        micro = make_micro_batches(batch, micro_batch_size)
+        micro = micro_batches_for(self.model, batch, micro_batch_size)  # issue 14
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
                                              forward_only=False), sums.values)
         t = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)
@@ -65,13 +66,15 @@ class MegatronCritic(TrainableModel):
                 **out}
 
 
-def forward_values(model, batch: RowBatch, micro_batch_size: int) -> list[torch.Tensor]:
+def forward_values(model, batch: RowBatch, micro_batch_size: int | MicroBatching
+                   ) -> list[torch.Tensor]:
     """The critic's value before each response token: ``[R_i]`` per row."""
     return forward_rows(model, batch, micro_batch_size, ("values",),
                         lambda outputs, mb: (_scalar(outputs),))["values"]
 
 
-def forward_scores(model, batch: RowBatch, micro_batch_size: int) -> list[torch.Tensor]:
+def forward_scores(model, batch: RowBatch, micro_batch_size: int | MicroBatching
+                   ) -> list[torch.Tensor]:
     """The reward model's score of each whole response: its output at the last response
     token (the position a sequence classifier reads), ``[]`` per row (0 for an empty one)."""
     # Outputs at positions P .. P+R-1 (after each response token): the response positions

@@ -133,7 +133,7 @@ def reward_model(t) -> dict[str, float]:
                        t.plan.batch.responses_per_training_dp_rank, "train")
     with t.roles.reward_model_swap.resident():
         scores = forward_scores(t.roles.reward_model, _rows(batch),
-                                t.config.reward_config.micro_batch_size)
+                                t.plan.batch.micro_batching["reward_model"])
     t.flow.put("reward_model", batch, {"rm_scores": scores})
     return global_stats("reward_model/score", [float(s) for s in scores],
                         counts_in_train_layout())
@@ -268,7 +268,8 @@ def group_advantages(t) -> dict[str, float]:
                                f"n_samples_per_prompt={n} samples")
         grouped = torch.stack(batch["rewards"])[order].view(-1, n)
         adv = torch.empty(len(order))
-        adv[order] = group_normalized_advantages(grouped, n).reshape(-1)
+        adv[order] = group_normalized_advantages(
+            grouped, n, norm_by_std=t.config.rl_config.norm_adv_by_std_in_grpo).reshape(-1)
         advantages = [a.expand(len(r)).clone() for a, r in zip(adv, batch["response_ids"])]
     t.flow.put("adv", batch, {"advantages": advantages})
     return {}
@@ -330,8 +331,7 @@ def old_logprobs(t) -> dict[str, float]:
     batch = t.flow.get("old_log_p", ["prompt_ids", "response_ids"],
                        t.plan.batch.responses_per_training_dp_rank, "train")
     logp, _ = forward_logprobs(t.roles.actor.model, _rows(batch),
-                               t.config.rl_config.actor_forward_micro_batch_size,
-                               t.arch.vocab_size)
+                               t.plan.batch.micro_batching["old_log_p"], t.arch.vocab_size)
     t.flow.put("old_log_p", batch, {"logprobs_old": logp})
     return {}
 
@@ -342,7 +342,7 @@ def reference_logprobs(t) -> dict[str, float]:
                        t.plan.batch.responses_per_training_dp_rank, "train")
     with t.roles.reference_swap.resident():
         logp, _ = forward_logprobs(t.roles.reference, _rows(batch),
-                                   t.config.rl_config.ref_forward_micro_batch_size,
+                                   t.plan.batch.micro_batching["reference_model"],
                                    t.arch.vocab_size)
     t.flow.put("reference_model", batch, {"logprobs_ref": logp})
     return {}
@@ -354,7 +354,7 @@ def values(t) -> dict[str, float]:
                        t.plan.batch.responses_per_training_dp_rank, "train")
     with t.roles.critic_swap.resident():
         vals = forward_values(t.roles.critic.model, _rows(batch),
-                              t.config.rl_config.critic_forward_micro_batch_size)
+                              t.plan.batch.micro_batching["values"])
     t.flow.put("values", batch, {"values": vals})
     return {}
 
@@ -374,7 +374,7 @@ def critic_update(t) -> dict[str, float]:
                                    b.responses_per_mini_batch_per_training_dp_rank, "train",
                                    consumer=f"critic_update_{epoch}")
                 steps.append(t.roles.critic.update(
-                    _rows(batch, ("values", "returns")), t.config.critic_config.micro_batch_size,
+                    _rows(batch, ("values", "returns")), b.micro_batching["critic_update"],
                     cliprange_value=rl.cliprange_value))
     metrics = _mean_of_steps(steps, "critic")
     metrics["critic/lr"] = t.roles.critic.lr
@@ -401,8 +401,9 @@ def actor_update(t) -> dict[str, float]:
                                b.responses_per_mini_batch_per_training_dp_rank, "train",
                                consumer=f"update_{epoch}")
             steps.append(t.roles.actor.update(
-                _rows(batch, tuple(extras)), t.config.actor_config.micro_batch_size, rl,
-                kl_coef=kl_coef, vocab_size=t.arch.vocab_size))
+                _rows(batch, tuple(extras)), b.micro_batching["update"], rl,
+                kl_coef=kl_coef, vocab_size=t.arch.vocab_size,
+                norm_length=t.config.sampling_config.max_tokens))
     metrics = _mean_of_steps(steps, "actor")
     metrics["rollout/logprob_abs_diff_mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
     metrics["rollout/logprob_abs_diff_max"] = max(s["rollout_logprob_abs_diff_max"]

@@ -1,11 +1,16 @@
 """Running micro-batches of rows through megatron's pipeline schedule.
 
 Every role (actor, reference, critic, reward model) runs its rows the same way:
-:func:`run_schedule` feeds padded micro-batches to
+:func:`micro_batches_for` lays them out (fixed, token-budget or packed:
+``micro_batches.py``), :func:`run_schedule` feeds the micro-batches to
 ``get_forward_backward_func()`` and hands each micro-batch's outputs at the
 response positions to the role's loss function; :func:`forward_rows` is the
 forward-only variant that returns one ``[R_i]`` tensor per row on every TP/PP
 peer of the DP rank.
+
+Micro-batches of different shapes go through one schedule call: under pipeline
+parallelism megatron's ``variable_seq_lengths`` sends each activation's shape
+ahead of it (three int64 per transfer).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.trainer.micro_batches import MicroBatch, RowBatch, make_micro_batches
+from mindspeed_rl.trainer.efficiency import count_tokens
+from mindspeed_rl.trainer.micro_batches import (MicroBatch, MicroBatching, RowBatch,
+                                                make_micro_batches, min_micro_batches)
+from mindspeed_rl.trainer.packing import packed_inputs
 
 
 class _ResponseOutputsOnly:
@@ -54,9 +62,28 @@ def _response_hook(model) -> _ResponseOutputsOnly:
     return hook
 
 
+def micro_batches_for(model, batch: RowBatch,
+                      micro_batching: "int | MicroBatching") -> list[MicroBatch]:
+    """This DP rank's micro-batches of ``batch`` for ``model``; with a token budget the DP
+    ranks first agree on the count (the largest any of them needs), since the pipeline
+    schedule and the gradient all-reduce need every rank to run the same number."""
+    from megatron.core import parallel_state as ps
+
+    spec = MicroBatching.of(micro_batching)
+    count = None
+    if spec.dynamic:
+        t = torch.tensor([min_micro_batches(batch.lengths(), spec)], dtype=torch.int64)
+        if ps.get_data_parallel_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        count = int(t.item())
+    # Sequence parallelism splits each sequence over the TP ranks: S % TP must be 0.
+    tp = ps.get_tensor_model_parallel_world_size() if model.config.sequence_parallel else 1
+    return make_micro_batches(batch, spec, count, pad_multiple=tp)
+
+
 def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable,
                  forward_only: bool):
-    """Run equal-shape micro-batches through megatron's schedule.
+    """Run micro-batches through megatron's schedule.
 
     ``loss_fn(outputs [b, R, ...], mb)`` receives each micro-batch's outputs at its
     response positions (vocabulary logits ``[b, R, V/tp]``, or values ``[b, R]``)
@@ -65,11 +92,14 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     hook = _response_hook(model)
+    packing = packed_inputs(model)
+    count_tokens(micro, training=not forward_only)
 
     def forward_step(data_iterator, _model):
         mb = next(data_iterator)
         hook.index = mb.response_index
-        out = _model(mb.tokens, mb.positions, attention_mask=None)  # [b, R or S(, V/tp)]
+        out = _model(mb.tokens, mb.positions, **packing.arguments(mb))  # [b, R or S(, V/tp)]
+        packing.done()
         if not hook.enabled and model.post_process:
             index = mb.response_index
             if out.dim() == 3:  # vocabulary logits; a scalar head gives [b, S]
@@ -77,17 +107,24 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
             out = out.gather(1, index)
         return out, lambda o: loss_fn(o, mb)
 
+    config = model.config
+    variable = any(m.tokens.shape != micro[0].tokens.shape for m in micro)
+    saved = config.variable_seq_lengths
+    config.variable_seq_lengths = saved or variable
     try:
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micro), model=[ddp_or_model],
             num_microbatches=len(micro), seq_length=micro[0].tokens.size(1),
             micro_batch_size=micro[0].tokens.size(0), forward_only=forward_only)
     finally:
+        config.variable_seq_lengths = saved
         hook.index = None
+        packing.done()
 
 
 @torch.no_grad()
-def forward_rows(model, batch: RowBatch, micro_batch_size: int, names: tuple[str, ...],
+def forward_rows(model, batch: RowBatch, micro_batching: "int | MicroBatching",
+                 names: tuple[str, ...],
                  per_token: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, ...]],
                  position_shift: int = 0) -> dict[str, list[torch.Tensor]]:
     """Forward-only: ``per_token(outputs, mb)`` gives one ``[b, R]`` tensor per name on the
@@ -106,21 +143,26 @@ def forward_rows(model, batch: RowBatch, micro_batch_size: int, names: tuple[str
         per_mb.append(per_token(outputs, mb))
         return outputs.new_zeros(()), {}
 
-    micro = make_micro_batches(batch, micro_batch_size)
+    micro = micro_batches_for(model, batch, micro_batching)
     for mb in micro:
         mb.response_index += position_shift * mb.mask.long()
     run_schedule(model, model, micro, loss_fn, forward_only=True)
-    # [names, padded rows, R]
-    stacked = torch.zeros(len(names), len(micro) * micro_batch_size, micro[0].mask.size(1))
+    lengths = [len(r) for r in batch.responses]
+    starts = [0] * len(batch)
+    for i in range(1, len(batch)):
+        starts[i] = starts[i - 1] + lengths[i - 1]
+    # Every row's values one after the other, in batch order: [names, sum R_i].
+    flat = torch.zeros(len(names), sum(lengths))
     if ps.is_pipeline_last_stage():
-        for k in range(len(names)):
-            stacked[k].copy_(torch.cat([m[k].float() for m in per_mb]))
+        for mb, values in zip(micro, per_mb):
+            for row, (j, start, n) in zip(mb.rows, mb.spans):
+                for k in range(len(names)):
+                    flat[k, starts[row]:starts[row] + n] = values[k][j, start:start + n].float()
     if ps.get_pipeline_model_parallel_world_size() > 1:
         group = ps.get_pipeline_model_parallel_group()
         last = dist.get_global_rank(group, ps.get_pipeline_model_parallel_world_size() - 1)
-        dist.broadcast(stacked, src=last, group=group)
-    lengths = [len(r) for r in batch.responses]
-    return {name: [stacked[k, i, :n].clone() for i, n in enumerate(lengths)]
+        dist.broadcast(flat, src=last, group=group)
+    return {name: [flat[k, s:s + n].clone() for s, n in zip(starts, lengths)]
             for k, name in enumerate(names)}
 
 

@@ -67,6 +67,10 @@ class RLTrainer:
             print(f"actor weights: {'resumed from ' + ac.load if resume else start.describe()}"
                   + (f"\nreference weights: {ref.describe()}" if ref is not None else ""),
                   flush=True)
+            if rl.use_remove_padding:  # which packed-sequence path the attention takes
+                from mindspeed_rl.trainer.packing import packing_notice
+
+                print(packing_notice(self.roles.actor.model), flush=True)
         self.phases = phases_of(config, plan)
         self.flow = SampleFlow(
             build_transfer_dock(rl.transfer_dock_mode,
@@ -79,6 +83,13 @@ class RLTrainer:
         if resume:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
+        # issue 14: perf/padding_efficiency, perf/mfu per phase (measures the matmul peak).
+        from mindspeed_rl.trainer.efficiency import PhaseEfficiency
+        from mindspeed_rl.trainer.phases import counts_in_train_layout
+
+        self.efficiency = PhaseEfficiency(
+            config.model, counted=counts_in_train_layout(), device=platform.device(),
+            dtype=self.roles.actor.model.config.params_dtype)
         self.logger = MetricsLogger(
             mt.log_dir, rank=self.rank, total_iterations=mt.train_iters,
             use_tensorboard=rl.use_tensorboard, use_wandb=rl.use_wandb,
@@ -145,8 +156,12 @@ class RLTrainer:
         metrics: dict[str, float] = {}
         with self.timers.phase("all"):
             for phase in self.phases:
+                start = time.perf_counter()
                 with self.timers.phase(phase.name):
                     metrics.update(phase.run(self))
+                metrics.update(self.efficiency.after_phase(
+                    phase.name, time.perf_counter() - start))
+            metrics.update(self.efficiency.iteration())
             trace = self.flow.retire_all()
             if trace is not None:
                 self._write_trace(iteration, trace)

@@ -85,3 +85,12 @@ def test_phases_that_leave_the_contract_are_refused():
     assert "declares torch.int64 [P]" in errors["wrong_dtype"]
     assert "phase 'reward' gets column 'prompt_ids'" in errors["not_consumer"]
     assert errors["delivered"] is True
+
+
+def test_docs_show_the_contract():
+    from pathlib import Path
+
+    from mindspeed_rl.trainer.columns import markdown_table
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "trainer.md").read_text()
+    assert markdown_table() in docs

@@ -74,6 +74,20 @@ class _DropRecords(logging.Filter):
         return not message.startswith(self.starts)
 
 
+TIED_LM_HEAD_RECORD = ("vllm.model_executor.model_loader.reload.layerwise",
+                       "ParallelLMHead: Failed to load weights",
+                       "a model with tied embeddings: vLLM's LM head is the embedding, "
+                       "reloaded through embed_tokens (added only for such models)")
+
+
+def quiet_tied_lm_head() -> None:
+    """For models whose LM head is the embedding: its reload warning is expected."""
+    if verbose():
+        return
+    name, start, _ = TIED_LM_HEAD_RECORD
+    logging.getLogger(name).addFilter(_DropRecords((start,)))
+
+
 def quiet_known_noise() -> None:
     """Silence the listed third-party noise (no-op with ``MINDSPEED_RL_VERBOSE=1``).
 

@@ -82,6 +82,13 @@ def _refresh_cpu_kernels(model: torch.nn.Module) -> None:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
+def _ties_embeddings(model_dir: str) -> bool:
+    import json
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return bool(json.load(f).get("tie_word_embeddings", False))
+
+
 def _unique_cpu_shm_names() -> None:
     """Give vLLM-CPU's shared-memory segments names of this job only.
 
@@ -235,6 +242,10 @@ class RolloutEngine:
                                   str(_cpu_kv_cache_gib(gpu_memory_utilization, local)))
         if device_type == "cpu":
             _unique_cpu_shm_names()
+        if _ties_embeddings(model_dir):
+            from mindspeed_rl.metrics.console import quiet_tied_lm_head
+
+            quiet_tied_lm_head()
         from vllm import LLM
 
         kwargs = dict(

@@ -111,3 +111,14 @@ def active_columns(phases: Sequence[str], columns: dict[str, Column] = COLUMNS) 
     running = set(phases)
     return {name for name, col in columns.items()
             if running & set(col.producers) and running & set(col.consumers)}
+
+
+def markdown_table(columns: dict[str, Column] = COLUMNS) -> str:
+    """The contract as the markdown table of docs/trainer.md (a test keeps them equal)."""
+    lines = ["| column | dtype, shape per row | producers | consumers | what |",
+             "| --- | --- | --- | --- | --- |"]
+    for col in columns.values():
+        dtype = str(col.dtype).removeprefix("torch.")
+        lines.append(f"| `{col.name}` | {dtype} {col.shape} | {', '.join(col.producers)} | "
+                     f"{', '.join(col.consumers)} | {col.doc} |")
+    return "\n".join(lines) + "\n"

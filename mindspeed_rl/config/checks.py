@@ -209,6 +209,9 @@ def _check_roles(config: RLJobConfig) -> None:
     if critic is not None:
         _require(critic.lr > 0, "critic_config.lr", critic.lr, "must be greater than 0",
                  "use e.g. 5e-6")
+        _require(critic.value_head_init_std is None or critic.value_head_init_std >= 0,
+                 "critic_config.value_head_init_std", critic.value_head_init_std,
+                 "must not be negative", "use 0, a small std such as 0.02, or null")
         _require(critic.min_lr <= critic.lr, "critic_config.min_lr", critic.min_lr,
                  f"exceeds critic_config.lr={critic.lr}", "set min_lr <= lr")
     _require(rl.critic_forward_micro_batch_size > 0, "rl_config.critic_forward_micro_batch_size",

@@ -148,6 +148,10 @@ class CriticConfig(OptimizerKeys):
         "it must equal actor_config.tensor_model_parallel_size (null = that value)"))
     pipeline_model_parallel_size: int | None = setting(None, (
         "as tensor_model_parallel_size: must equal actor_config.pipeline_model_parallel_size"))
+    value_head_init_std: float | None = setting(None, (
+        "std of the normal init of a new value head; 0 starts every value at 0 (the critic "
+        "then begins by predicting nothing rather than noise); null = the model's "
+        "initializer_range, as transformers inits a new score head"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -173,6 +173,7 @@ def __getattr__(name: str):
 
 
 def build_value_model(arch: ModelArchitecture, config, *, head_seed: int = 0,
+                      head_std: float | None = None,
                       pre_process: bool | None = None, post_process: bool | None = None):
     """This rank's stage of a scalar-head GPT (its PP stage, TP shard, EP experts).
 
@@ -201,7 +202,7 @@ def build_value_model(arch: ModelArchitecture, config, *, head_seed: int = 0,
         rotary_percent=1.0,
         rotary_base=arch.rotary_base,
         head_seed=head_seed,
-        head_std=head_init_std(arch),
+        head_std=head_init_std(arch) if head_std is None else head_std,
     )
 
 

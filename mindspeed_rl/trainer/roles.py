@@ -139,7 +139,8 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
         from mindspeed_rl.models.value_head import load_value_weights
 
         cc = config.critic_config
-        value_model = _scalar_head_model(arch, model_options, seed=mt.seed)
+        value_model = _scalar_head_model(arch, model_options, seed=mt.seed,
+                                         head_std=cc.value_head_init_std)
         if start is not None:
             if cc.load is None and start.kind == weight_source.LEGACY:
                 raise ValueError(f"critic_config.load: the critic cannot start from the legacy "
@@ -169,13 +170,13 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     return roles
 
 
-def _scalar_head_model(arch, model_options: dict, seed: int):
+def _scalar_head_model(arch, model_options: dict, seed: int, head_std: float | None = None):
     """A GPT whose last stage outputs one value per position (critic, reward model)."""
     from mindspeed_rl.models.builder import build_transformer_config
     from mindspeed_rl.models.value_head import build_value_model
 
     config = build_transformer_config(arch, calculate_per_token_loss=True, **model_options)
-    return build_value_model(arch, config, head_seed=seed)
+    return build_value_model(arch, config, head_seed=seed, head_std=head_std)
 
 
 def reward_model_architecture(rm_dir: str, actor_arch, actor_dir: str):

@@ -127,7 +127,7 @@ def _stand_in(column: str, batch) -> list[torch.Tensor]:
     col = COLUMNS[column]
     if col.shape == "[]":
         return [torch.full((), 0.5, dtype=col.dtype) for _ in batch.rows]
-    return [torch.full(r.shape, -0.5, dtype=col.dtype) for r in batch["response_ids"]]
+    return [torch.full(r.shape, -0.5, dtype=col.dtype) for r in batch["response_ids"]]  # every writing phase reads it
 
 
 def _iteration(args, flow: SampleFlow, phases: list[str], rollout: dict, world: int) -> float:
@@ -145,14 +145,14 @@ def _iteration(args, flow: SampleFlow, phases: list[str], rollout: dict, world: 
         layout = "gen_writers" if phase in ("reward", "adv") else "train"
         rows = args.rows // (dp_g if layout == "gen_writers" else dp)
         gets = args.mini_batches if phase in ("update", "critic_update") else 1
-        for k in range(gets):  # every phase reads response_ids: the outputs' lengths
+        for k in range(gets):
             batch = flow.get(phase, reads, rows // gets, layout, consumer=f"{phase}_{k}",
                              whole_groups=phase == "adv")
             out = {c: _stand_in(c, batch) for c in writes} if batch is not None else {}
             if writes:
                 flow.put(phase, batch, out)
             elif batch is not None:  # an update: touch the data
-                float(sum(c.float().sum() for c in batch["response_ids"]))
+                float(sum(cell.float().sum() for c in reads for cell in batch[c]))
     flow.retire_all()
     dist.barrier()
     return time.perf_counter() - start

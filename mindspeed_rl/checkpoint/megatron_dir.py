@@ -24,7 +24,8 @@ from typing import Collection
 import torch.distributed as dist
 
 from mindspeed_rl.checkpoint.errors import CheckpointError
-from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
+from mindspeed_rl.checkpoint.manifest import (MANIFEST_FILE, describe_files, verify_checkpoint,
+                                              write_manifest)
 
 META_FILE = "mindspeed_rl_meta.json"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -162,7 +163,9 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
 
     path = checkpoint_path(mg_dir, iteration)
     check_checkpoint_fits(mg_dir, model)
-    verify_checkpoint(path)  # names a missing or truncated file before megatron reads any
+    if (path / MANIFEST_FILE).is_file() or (Path(mg_dir) / META_FILE).is_file():
+        verify_checkpoint(path)  # names a missing or truncated file before megatron reads any
+    # else: written by Megatron-LM itself, which keeps no manifest; megatron's load checks it
     try:
         # Megatron-LM's torch_dist checkpoints pickle their args into common.pt; torch.load
         # is weights_only by default and megatron-core registers its allow-list (its args

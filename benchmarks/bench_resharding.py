@@ -17,7 +17,7 @@ state as it does during training. A vLLM engine (in-process, external launcher,
 dummy weights) sits beside it, and a :class:`mindspeed_rl.resharding.Resharder`
 toggles the weights between the two shardings:
 
-* ``allgather_swap`` (DESIGN.md section 7): swap the training state to host, then
+* ``allgather_swap`` (docs/resharding.md): swap the training state to host, then
   stream the model into vLLM one bucket at a time;
 * ``naive``: every rank gathers the full model while the training state is still
   resident, then loads it -- the baseline the paper improves on.

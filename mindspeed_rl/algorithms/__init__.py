@@ -1,4 +1,4 @@
-"""RL algorithms as pure tensor functions (DESIGN.md sections 5 and 11).
+"""RL algorithms as pure tensor functions (docs/algorithms.md).
 
 No config objects, no globals, no torch.distributed: cross-rank reductions and
 global normalisers are passed in by the trainer. Shapes: responses are

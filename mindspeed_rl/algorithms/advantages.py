@@ -1,8 +1,8 @@
 """Advantage estimators: group-normalised (GRPO) and GAE (PPO).
 
 Pure tensor functions. Groups never cross ranks (all samples of one prompt are
-produced and scored on one rank, DESIGN.md section 5), so the group statistics
-need no communication.
+produced and scored on one rank, and the ``adv`` phase gets whole groups:
+docs/trainer.md), so the group statistics need no communication.
 """
 
 from __future__ import annotations

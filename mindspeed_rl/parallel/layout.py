@@ -2,7 +2,7 @@
 
 Training uses Megatron's TP x PP x DP (with EP for MoE experts and optional
 sequence parallelism); generation uses vLLM's TP_g x DP_g with PP_g = 1.
-Both must tile the same world of ranks (DESIGN.md section 4).
+Both must tile the same world of ranks (docs/resharding.md, docs/config.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ plain torch. The adaptor therefore works at three depths, all limited to
 3. **Named symbol patches** (``_MODULE_PATCHES``): each names the megatron symbol
    it serves and why. They run when that module is imported.
 
-Break points and the measurements behind them: ``shared/notes/megatron_on_cpu.md``.
+What each layer makes work, and why: ``docs/platform.md`` (The CPU adaptor).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TransferDock: the sample flow of the RL iteration (DESIGN.md section 6).
+"""TransferDock: the sample flow of the RL iteration (docs/transfer_dock.md).
 
 Controllers (replicated row metadata) and warehouses (per-rank column stores);
 gets move data peer to peer with one all-to-all. ``build_transfer_dock`` picks

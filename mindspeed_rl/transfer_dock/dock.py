@@ -1,4 +1,4 @@
-"""TransferDock: the distributed sample flow (DESIGN.md section 6).
+"""TransferDock: the distributed sample flow (docs/transfer_dock.md).
 
 SPMD: every rank of the dock's group calls ``put``, ``get`` and ``clear`` in the
 same order. Control is metadata only: every get (and every put that creates

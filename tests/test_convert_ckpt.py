@@ -39,6 +39,18 @@ def _assert_failed_cleanly(proc, save_dir, *fragments):
     assert not [p for p in Path(save_dir).parent.iterdir() if p.name.startswith(f".{Path(save_dir).name}.")]
 
 
+def _assert_same_hf_weights(expected_dir, actual_dir):
+    """Same tensor names, bitwise equal values."""
+    import torch
+    from safetensors.torch import load_file
+
+    original = load_file(str(expected_dir / "model.safetensors"))
+    converted = load_file(str(actual_dir / "model.safetensors"))
+    assert sorted(original) == sorted(converted)
+    for name, tensor in original.items():
+        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     return make_tiny_hf_dir("llama", tmp_path_factory.mktemp("hf") / "llama")
@@ -205,18 +217,11 @@ def test_legacy_checkpoint_loads_at_another_layout(legacy_qwen2):
 
 
 def test_convert_legacy_checkpoint_to_hf(legacy_qwen2, tmp_path):
-    import torch
-    from safetensors.torch import load_file
-
     hf_dir, load = legacy_qwen2
     out = tmp_path / "hf"
     proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    original, converted = load_file(str(hf_dir / "model.safetensors")), load_file(
-        str(out / "model.safetensors"))
-    assert sorted(original) == sorted(converted)
-    for name, tensor in original.items():
-        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+    _assert_same_hf_weights(hf_dir, out)
     # without the architecture: one clear error
     proc = _convert("mg", "hf", load, tmp_path / "hf2")
     _assert_failed_cleanly(proc, tmp_path / "hf2", "no config.json", "--hf-config-dir")
@@ -244,9 +249,7 @@ def test_legacy_checkpoint_that_would_run_code_is_refused(legacy_qwen2, tmp_path
 def test_convert_megatron_lm_torch_dist_checkpoint_to_hf(tmp_path):
     """Megatron-LM's torch_dist format (no config.json, args pickled in common.pt), saved
     at TP=2, converts to HF with the architecture from --hf-config-dir."""
-    import torch
     from legacy_megatron_ckpt import save_torch_dist_checkpoint
-    from safetensors.torch import load_file
 
     from mindspeed_rl.testing import run_on_ranks
 
@@ -256,8 +259,4 @@ def test_convert_megatron_lm_torch_dist_checkpoint_to_hf(tmp_path):
     out = tmp_path / "hf"
     proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    original, converted = load_file(str(hf_dir / "model.safetensors")), load_file(
-        str(out / "model.safetensors"))
-    assert sorted(original) == sorted(converted)
-    for name, tensor in original.items():
-        torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
+    _assert_same_hf_weights(hf_dir, out)

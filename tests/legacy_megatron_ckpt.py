@@ -11,6 +11,7 @@ holds known weights. Test helper only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 from pathlib import Path
 
@@ -19,12 +20,10 @@ import torch
 import torch.distributed as dist
 
 
-def save_legacy_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int, iteration: int,
-                           extra_args: dict | None = None) -> None:
-    """Run on every rank of a TP x PP world (e.g. through run_on_ranks)."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
+@contextlib.contextmanager
+def _model_at_layout(hf_dir: str, tp: int, pp: int):
+    """This rank's megatron GPTModel of ``hf_dir`` at TP x PP, its weights loaded; the
+    process groups are torn down on exit."""
     from mindspeed_rl.models.builder import build_model_from_hf_dir, load_hf_weights
     from mindspeed_rl.models.hf_io import HFCheckpointReader
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
@@ -38,6 +37,18 @@ def save_legacy_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int, iteratio
     try:
         model, arch, config = build_model_from_hf_dir(hf_dir)
         load_hf_weights(model, arch, HFCheckpointReader(hf_dir))
+        yield model, config
+    finally:
+        destroy_megatron_parallel()
+
+
+def save_legacy_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int, iteration: int,
+                           extra_args: dict | None = None) -> None:
+    """Run on every rank of a TP x PP world (e.g. through run_on_ranks)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    with _model_at_layout(hf_dir, tp, pp) as (model, config):
         tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         args = argparse.Namespace(
             num_layers=config.num_layers, hidden_size=config.hidden_size,
@@ -59,8 +70,6 @@ def save_legacy_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int, iteratio
         dist.barrier()
         if dist.get_rank() == 0:
             (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-    finally:
-        destroy_megatron_parallel()
 
 
 def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,
@@ -69,19 +78,7 @@ def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,
     sharded state dict plus args, iteration and version in common.pt; run on every rank."""
     from megatron.core import dist_checkpointing
 
-    from mindspeed_rl.models.builder import build_model_from_hf_dir, load_hf_weights
-    from mindspeed_rl.models.hf_io import HFCheckpointReader
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
-    from mindspeed_rl.parallel.layout import ParallelLayout
-    from mindspeed_rl.platform import setup_platform
-
-    setup_platform()
-    initialize_megatron_parallel(ParallelLayout(world_size=dist.get_world_size(),
-                                                tensor_model_parallel_size=tp,
-                                                pipeline_model_parallel_size=pp))
-    try:
-        model, arch, config = build_model_from_hf_dir(hf_dir)
-        load_hf_weights(model, arch, HFCheckpointReader(hf_dir))
+    with _model_at_layout(hf_dir, tp, pp) as (model, config):
         folder = Path(out_dir) / f"iter_{iteration:07d}"
         if dist.get_rank() == 0:
             folder.mkdir(parents=True, exist_ok=True)
@@ -93,5 +90,3 @@ def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,
         dist.barrier()
         if dist.get_rank() == 0:
             (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-    finally:
-        destroy_megatron_parallel()

@@ -467,3 +467,68 @@ def test_packed_sequences_aggregate_like_rows():
             (g_rows,) = torch.autograd.grad(rows_loss, logp_rows)
             (g_packed,) = torch.autograd.grad(packed_loss, logp_rows)
             close(g_packed, g_rows, tol=1e-6)
+
+
+# ---- formulas put back wrong must fail here ----
+
+def test_dual_clip_leaves_positive_advantage_tokens_alone():
+    """Dual-clip bounds only tokens with A < 0: a positive-advantage token with a large
+    ratio keeps PPO's clipped loss -A * (1 + eps), not -A * c."""
+    logprobs = torch.log(torch.tensor([[5.0, 5.0]]))
+    old = torch.zeros(1, 2)
+    loss, stats = policy_loss(logprobs, old, torch.tensor([[2.0, -1.0]]), torch.ones(1, 2),
+                              0.2, 0.2, clip_ratio_dual=3.0)
+    # A = 2, ratio 5: max(-10, -2.4) = -2.4 (dual clip would give -6);
+    # A = -1, ratio 5: max(5, 0.8) = 5, bounded by -A * c = 3
+    close(loss, (-2.4 + 3.0) / 2)
+    close(stats["pg_clipfrac_lower"], 0.5)
+
+
+def test_grpo_epsilon_keeps_near_equal_groups_finite_and_damped():
+    """A_i = (r_i - mean) / (std + eps): eps keeps a group of equal rewards at 0 (not NaN)
+    and damps a group whose spread is of the order of eps."""
+    rewards = torch.tensor([0.0, 2e-6, 1.0, 1.0])
+    adv = group_normalized_advantages(rewards, 2, eps=1e-6)
+    # group 1: mean 1e-6, std sqrt(2) * 1e-6 -> +-1e-6 / (1.4142136e-6 + 1e-6) = +-0.4142136
+    close(adv, [-0.4142136, 0.4142136, 0.0, 0.0])
+    assert torch.isfinite(group_normalized_advantages(torch.ones(4), 2)).all()
+
+
+def test_kl_controller_input_is_the_per_token_kl_averaged_over_sequences():
+    """verl's and MindSpeed-RL's controller input: each sequence's token-mean KL, averaged
+    over the sequences (not a per-sequence sum, not a mean over all tokens)."""
+    from mindspeed_rl.algorithms import KLController, token_mean_kl_per_sequence
+
+    kl = torch.tensor([[0.1, 0.3, 9.0], [0.4, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    per_seq = token_mean_kl_per_sequence(kl, mask)
+    close(per_seq, [0.2, 0.4])
+    current = float(per_seq.mean())  # 0.3; the per-sequence sum would be 0.4, the token mean 0.8/3
+    ctl = KLController(1.0, "adaptive", target=0.35, horizon=10)
+    # 0.3 / 0.35 - 1 = -0.142857: beta *= 1 - 0.142857 * 2 / 10 (a per-sequence sum, 0.4,
+    # would raise it)
+    close(ctl.update(current, 2), 1.0 - 0.1428571 * 0.2)
+    close(token_mean_kl_per_sequence(torch.ones(1, 2), torch.zeros(1, 2)), [0.0])
+
+
+def test_explained_variance_is_undefined_when_the_returns_do_not_vary():
+    from mindspeed_rl.algorithms import explained_variance
+
+    # equal returns 0.7 (float32 sums leave rounding noise in E[R^2] - E[R]^2)
+    # (here +8e-8: without the guard, 1 - Var[R - V] / 8e-8 is about -1e6)
+    returns = torch.full((16,), 0.7, dtype=torch.float32)
+    residual = returns - torch.linspace(0.5, 0.9, 16)
+    sums = [float(returns.sum()), float(returns.square().sum()), float(residual.sum()),
+            float(residual.square().sum()), 16.0]
+    assert sums[1] / 16 - (sums[0] / 16) ** 2 > 0
+    assert math.isnan(explained_variance(*sums))
+    assert math.isnan(explained_variance(0.0, 0.0, 0.0, 0.0, 4.0))  # every reward 0
+    # returns [0, 1, 0, 1], values [0, 1, 0, 0]: Var[R] = 0.25, Var[R - V] = 0.1875
+    close(explained_variance(2.0, 2.0, 1.0, 1.0, 4.0), 1.0 - 0.1875 / 0.25)
+
+
+def test_gspo_aggregates_as_its_definition_unless_told_otherwise():
+    from mindspeed_rl.algorithms import default_loss_agg_mode
+
+    assert default_loss_agg_mode("gspo") == "seq-mean-token-mean"
+    assert default_loss_agg_mode("vanilla") == "token-mean"

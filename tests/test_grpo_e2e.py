@@ -53,8 +53,11 @@ def launch(assets, run: str, *overrides: str, nproc: int = 2, timeout: int = 600
 ], ids=["tp2_to_tpg1", "pp2_to_tpg2"])
 def test_grpo_iterations_complete_with_all_metrics(assets, layout):
     name = "run_" + layout[0][-1] + layout[-1][-1]
+    # Sampled at T = 0.7: vLLM's log-probs, the old, reference and update log-probs all
+    # describe softmax(logits / 0.7) (a phase at T = 1 would break the checks below).
     proc, rows = launch(assets, name, "megatron_training.train_iters=3",
-                        f"megatron_training.test_data_path={assets['test']}", *layout)
+                        f"megatron_training.test_data_path={assets['test']}",
+                        "generate_config.sampling_config.temperature=0.7", *layout)
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3]
     for it, row in train.items():
@@ -66,6 +69,8 @@ def test_grpo_iterations_complete_with_all_metrics(assets, layout):
         assert row["response_length/mean"] > 0 and row["timing/all"] > 0
     # the reference is the initial policy: no KL before the first update, some after
     assert train[1]["actor/kl_loss"] < train[3]["actor/kl_loss"]
+    if "rl_config.mini_batch_size=4" in layout:  # one step per iteration: the first sees none
+        assert abs(train[1]["actor/kl_loss"]) < 1e-6
     # Two mini-batches need the old log-probs; one mini-batch (on-policy) skips that forward.
     assert ("timing/old_log_p" in train[1]) == ("rl_config.mini_batch_size=4" not in layout)
     # fp32 vLLM and megatron agree on the log-probs of the same weights.

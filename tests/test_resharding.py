@@ -92,7 +92,11 @@ def parity_body(hf_dir, layout_kwargs, infer_tp):
         for p in model.parameters():
             p.mul_(1.5)
     changed, diff_changed = rollout_parity(model, arch, resharder, engine, PROMPTS, MAX_TOKENS)
+    # Sampled at T = 0.5: vLLM's log-probs are those of logits / T, as training's.
+    _, diff_sampled = rollout_parity(model, arch, resharder, engine, PROMPTS, MAX_TOKENS,
+                                     temperature=0.5, seed=11)
     return {"responses": responses, "diff": diff, "changed": changed, "diff_changed": diff_changed,
+            "diff_sampled": diff_sampled,
             "tp_peers_agree": same_on_all_ranks(responses) if infer_tp > 1 else True,
             "report": report, "bucket_count": len(resharder.stream.buckets)}
 
@@ -156,6 +160,7 @@ def test_rollout_matches_transformers_after_resharding(hf_dirs, arch, layout, in
         assert r["responses"] == expected
         assert r["diff"] <= 1e-3, r["diff"]
         assert r["diff_changed"] <= 1e-3, r["diff_changed"]
+        assert r["diff_sampled"] <= 1e-3, r["diff_sampled"]
         assert r["changed"] != r["responses"]  # the scaled weights were used
         assert r["tp_peers_agree"]
         assert r["bucket_count"] > 1

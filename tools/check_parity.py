@@ -13,11 +13,18 @@ with a scalar head (a reward model converted from *ForSequenceClassification) is
 compared with AutoModelForSequenceClassification: its scores per position and at the
 last non-pad token.
 
+With --temperature T it also runs random prompt + response rows through the trainer's
+own log-prob forward (the one that computes old and reference log-probs: vocabulary-
+parallel, logits / T) and compares every response token's log-prob with
+log_softmax(transformers logits / T): `max_abs_train_logprob_diff=<float>` (exit 1
+above --tolerance).
+
 With --rollout it also reshards the megatron weights into a vLLM engine (TP_g =
 --infer-tensor-parallel-size; vLLM starts with dummy weights, so every token comes
-from the resharded ones), greedily continues a few random prompts, recomputes each
-token's log-prob with megatron and prints `max_abs_logprob_diff=<float>` as the last
-line (exit 1 above --logprob-tolerance).
+from the resharded ones), continues a few random prompts (greedily, or sampled at
+--temperature), recomputes each token's log-prob with megatron at that temperature
+and prints `max_abs_logprob_diff=<float>` as the last line (exit 1 above
+--logprob-tolerance).
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--infer-tensor-parallel-size", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--logprob-tolerance", type=float, default=1e-3)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="also check the trainer's log-probs at this sampling temperature "
+                        "against log_softmax(transformers logits / T); with --rollout, vLLM "
+                        "samples at it")
     return p.parse_args(argv)
 
 
@@ -68,12 +79,18 @@ def main(argv=None) -> int:
         )
         diff = check_parity(args.hf_dir, args.mg_dir, layout, seq_length=args.seq_length,
                             batch_size=args.batch_size, seed=args.seed)
-        logprob_diff = None
+        train_diff = logprob_diff = None
+        if args.temperature is not None:
+            from mindspeed_rl.trainer.logprob_parity import check_logprob_parity
+
+            train_diff = check_logprob_parity(args.hf_dir, args.mg_dir, layout,
+                                              temperature=args.temperature, seed=args.seed)
         if args.rollout:
             from mindspeed_rl.resharding.parity import check_rollout_parity
 
             logprob_diff = check_rollout_parity(args.hf_dir, args.mg_dir, layout,
-                                                max_tokens=args.max_new_tokens, seed=args.seed)
+                                                max_tokens=args.max_new_tokens, seed=args.seed,
+                                                temperature=args.temperature or 0.0)
     except (CheckpointError, LayoutError, ValueError) as exc:
         if rank == 0:
             print(f"check_parity: error: {exc}", file=sys.stderr)
@@ -85,6 +102,12 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"layout: {layout.describe()}; tolerance {args.tolerance:g}: {'PASS' if ok else 'FAIL'}")
         print(f"max_abs_logit_diff={diff:.6e}", flush=True)
+    if train_diff is not None:
+        ok = ok and train_diff <= args.tolerance
+        if rank == 0:
+            print(f"training log-probs at temperature {args.temperature:g}: tolerance "
+                  f"{args.tolerance:g}: {'PASS' if train_diff <= args.tolerance else 'FAIL'}")
+            print(f"max_abs_train_logprob_diff={train_diff:.6e}", flush=True)
     if logprob_diff is not None:
         ok = ok and logprob_diff <= args.logprob_tolerance
         if rank == 0:

@@ -12,19 +12,20 @@ from mindspeed_rl.algorithms.dapo import groups_with_reward_spread, overlong_pen
 from mindspeed_rl.algorithms.entropy import (entropy_from_logits,
                                              entropy_from_vocab_parallel_logits)
 from mindspeed_rl.algorithms.kl import KL_ESTIMATORS, kl_penalty
-from mindspeed_rl.algorithms.kl_controller import KLController
+from mindspeed_rl.algorithms.kl_controller import KLController, token_mean_kl_per_sequence
 from mindspeed_rl.algorithms.logprobs import (logprobs_from_logits,
                                               logprobs_from_vocab_parallel_logits)
 from mindspeed_rl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from mindspeed_rl.algorithms.policy_loss import (LOSS_AGG_MODES, agg_loss, policy_loss,
+from mindspeed_rl.algorithms.policy_loss import (LOSS_AGG_MODES, agg_loss,
+                                                 default_loss_agg_mode, policy_loss,
                                                  truncated_is_weights)
-from mindspeed_rl.algorithms.value_loss import value_loss
+from mindspeed_rl.algorithms.value_loss import explained_variance, value_loss
 
 __all__ = [
     "KLController", "KL_ESTIMATORS", "LOSS_AGG_MODES", "agg_loss", "broadcast_to_tokens",
-    "entropy_from_logits", "entropy_from_vocab_parallel_logits", "gae_advantages",
+    "default_loss_agg_mode", "entropy_from_logits", "explained_variance", "entropy_from_vocab_parallel_logits", "gae_advantages",
     "group_normalized_advantages", "groups_with_reward_spread", "kl_penalty",
     "logprobs_from_logits", "logprobs_from_vocab_parallel_logits", "masked_mean", "masked_sum",
-    "masked_var", "masked_whiten", "overlong_penalty", "policy_loss", "token_level_rewards", "truncated_is_weights",
-    "value_loss", "whiten",
+    "masked_var", "masked_whiten", "overlong_penalty", "policy_loss", "token_level_rewards",
+    "token_mean_kl_per_sequence", "truncated_is_weights", "value_loss", "whiten",
 ]

@@ -2,12 +2,17 @@
 
 - fixed: beta stays at ``init_kl_coef``;
 - adaptive (Ziegler et al. 2019, "Fine-Tuning Language Models from Human
-  Preferences", section 2.2): after each batch with mean KL ``kl`` (per
-  sequence) over ``n_steps`` samples,
+  Preferences", section 2.2): after each batch of ``n_steps`` samples with KL
+  ``kl``,
       e     = clip(kl / kl_target - 1, -0.2, 0.2)
       beta *= 1 + e * n_steps / horizon
   so beta grows while the policy drifts further than the target and shrinks
   while it stays closer.
+
+``kl`` is what verl's and MindSpeed-RL's controllers read: each sequence's mean
+per-token KL, averaged over the sequences of the batch
+(`token_mean_kl_per_sequence`, then a mean), so a ``kl_target`` from their
+configs means the same here.
 
 Pure: no config objects, no torch.distributed; the caller passes the batch's
 (globally reduced) KL.
@@ -16,6 +21,17 @@ Pure: no config objects, no torch.distributed; the caller passes the batch's
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
+
+def token_mean_kl_per_sequence(kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's mean KL per response token (0 for an empty one).
+
+    kl, mask: [batch, resp_len] -> [batch]
+    """
+    mask_f = mask.to(kl.dtype)
+    return (kl * mask_f).sum(dim=-1) / mask_f.sum(dim=-1).clamp(min=1.0)
 
 
 @dataclass

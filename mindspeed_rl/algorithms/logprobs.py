@@ -1,8 +1,9 @@
 """Log-probabilities of target tokens from logits, full-vocabulary and vocab-parallel.
 
-log p(y) = z_y - logsumexp(z), computed in float32. Callers that sampled with a
-temperature divide the logits by it first, so that training and rollout
-log-probs describe the same distribution.
+log p(y) = z_y - logsumexp(z), computed in float32. The logits given are those of
+the distribution meant: a policy that samples at temperature T passes z / T (the
+trainer does, in ``mindspeed_rl/trainer/actor.py``'s ``policy_logits``), so that
+training and rollout log-probs describe the same distribution.
 """
 
 from __future__ import annotations

@@ -16,6 +16,14 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm")
 
 
+def default_loss_agg_mode(policy_loss_name: str) -> str:
+    """The aggregation a policy loss is defined with: GSPO's objective is the mean over
+    sequences of each sequence's token mean (Zheng et al. 2025, eq. 5:
+    ``seq-mean-token-mean``); the vanilla PPO/DAPO loss here defaults to DAPO's
+    ``token-mean``."""
+    return "seq-mean-token-mean" if policy_loss_name == "gspo" else "token-mean"
+
+
 def sequence_sums(values: torch.Tensor, mask: torch.Tensor,
                   segment_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence sums of masked ``values`` and token counts: ``([seqs], [seqs])``.

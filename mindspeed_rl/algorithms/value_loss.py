@@ -1,6 +1,8 @@
-"""The clipped value loss of the PPO critic."""
+"""The clipped value loss of the PPO critic, and how much of the returns it explains."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -37,3 +39,23 @@ def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Te
         stats = {"vf_loss": loss.detach(),
                  "vf_clipfrac": masked_mean((losses_clipped > losses_unclipped).float(), mask)}
     return loss, stats
+
+
+def explained_variance(sum_returns: float, sum_returns_sq: float, sum_residual: float,
+                       sum_residual_sq: float, count: float, rel_eps: float = 1e-6) -> float:
+    """1 - Var[R - V] / Var[R] over ``count`` tokens, from (globally reduced) sums of the
+    returns R, their squares, the residuals R - V and their squares (verl's
+    ``vf_explained_var``).
+
+    Undefined when the returns do not vary (e.g. every reward 0 in a batch): NaN when
+    Var[R] <= ``rel_eps`` * E[R^2], instead of a huge number from rounding noise over a
+    variance of about 0 (verl adds 1e-5 to the denominator, which gives -1e5-sized
+    values there).
+    """
+    n = max(count, 1.0)
+    mean_sq = sum_returns_sq / n
+    var_returns = mean_sq - (sum_returns / n) ** 2
+    var_residual = sum_residual_sq / n - (sum_residual / n) ** 2
+    if count <= 1 or var_returns <= rel_eps * mean_sq:
+        return math.nan
+    return 1.0 - var_residual / var_returns

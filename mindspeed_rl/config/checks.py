@@ -184,7 +184,7 @@ def _check_roles(config: RLJobConfig) -> None:
                  "kl_ctrl_type: fixed")
         _require(rl.kl_horizon > 0 and rl.kl_target > 0, "rl_config.kl_horizon", rl.kl_horizon,
                  "kl_horizon and kl_target must be greater than 0", "use e.g. kl_horizon: 10000, "
-                 "kl_target: 6")
+                 "kl_target: 0.1")
     else:
         if critic is not None:
             raise ConfigError("critic_config", "pretrain_grpo.py trains no critic (GRPO's "

@@ -111,12 +111,17 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
                           f"adv_estimator: {estimator} (or leave it out)",
                           value=rl.adv_estimator, origin=str(config_path))
     sections["rl_config"] = rl
+    notices = list(normalised.notices)
+    if rl.policy_loss == "gspo" and rl.loss_agg_mode not in (None, "seq-mean-token-mean"):
+        notices.append(f"rl_config.loss_agg_mode={rl.loss_agg_mode} with policy_loss: gspo: "
+                       "GSPO is defined with seq-mean-token-mean (leave loss_agg_mode out for "
+                       "it); running the mode you set")
     for name in OPTIONAL_SECTIONS:
         if sections[name] is not None:
             sections[name] = _resolve_paths(sections[name])
 
     config = RLJobConfig(**sections, model=model, config_path=str(config_path),
-                         algorithm=algorithm, notices=tuple(normalised.notices))
+                         algorithm=algorithm, notices=tuple(notices))
     check_job(config)
     if check_data:
         check_data_files(config)

@@ -205,7 +205,10 @@ class RLConfig:
     kl_ctrl_type: Literal["fixed", "adaptive"] = setting(
         "fixed", "KL coefficient of use_kl_in_reward: fixed at init_kl_coef, or adapted toward "
                  "kl_target (Ziegler et al. 2019)")
-    kl_target: float = setting(6.0, "target KL per sequence of the adaptive KL controller")
+    kl_target: float = setting(0.1, (
+        "target of the adaptive KL controller: the batch's KL per response token (each "
+        "sequence's token mean, averaged over the sequences), as verl's and MindSpeed-RL's "
+        "controllers read it; verl's default"))
     kl_horizon: int = setting(10000, "horizon (in samples) of the adaptive KL controller")
     verifier_function: tuple[str, ...] = setting(
         ("math_answer",), "rule rewards to apply, by name (e.g. [math_answer, "
@@ -246,11 +249,12 @@ class RLConfig:
                    "clip range goes in clip_ratio_low/high, e.g. 3e-4 / 4e-4; recommended for "
                    "MoE models)")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                           "seq-mean-token-sum-norm"] = setting(
-        "token-mean", "how per-token losses become the loss, over the whole mini-batch: "
-                      "token-mean (DAPO), seq-mean-token-mean (original GRPO), "
-                      "seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: token sums over "
-                      "max_tokens)")
+                           "seq-mean-token-sum-norm"] | None = setting(
+        None, "how per-token losses become the loss, over the whole mini-batch: "
+              "token-mean (DAPO), seq-mean-token-mean (original GRPO), "
+              "seq-mean-token-sum, seq-mean-token-sum-norm (Dr. GRPO: token sums over "
+              "max_tokens); null = the policy loss's own: token-mean for vanilla, "
+              "seq-mean-token-mean for gspo (GSPO's definition)")
     norm_adv_by_std_in_grpo: bool = setting(True, "divide GRPO advantages by the group's std; "
                                                   "false = Dr. GRPO's mean-centred rewards")
     rollout_is_threshold: float | None = setting(None, (
@@ -335,6 +339,13 @@ class SamplingConfig:
     logprobs: int | None = setting(None, "accepted for MindSpeed-RL compatibility and not used: "
                                          "the rollout log-prob of each sampled token is always "
                                          "recorded")
+
+    @property
+    def policy_temperature(self) -> float:
+        """The temperature of the policy that sampled, which training evaluates (its
+        log-probs, ratio, KL and entropy use logits / this). Greedy (0) samples the argmax
+        of the raw logits, and vLLM reports a greedy request's log-probs unscaled: 1."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

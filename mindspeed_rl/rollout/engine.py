@@ -29,7 +29,8 @@ class RolloutConfigError(ValueError):
 
 @dataclass
 class Completion:
-    """One sampled response: its token ids and the engine's log-prob of each token."""
+    """One sampled response: its token ids and the engine's log-prob of each token (of the
+    distribution it was sampled from: logits / temperature)."""
 
     token_ids: list[int]
     logprobs: list[float]  # len == len(token_ids)
@@ -254,6 +255,10 @@ class RolloutEngine:
             enforce_eager=enforce_eager, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             seed=seed + self.dp_rank, gpu_memory_utilization=gpu_memory_utilization,
             load_format=load_format, enable_prefix_caching=enable_prefix_caching, **expert_kwargs,
+            # The log-prob of each sampled token under the distribution it was sampled from
+            # (after temperature, and top-k/top-p/min-p where set), which training evaluates
+            # as logits / temperature; the default (raw) would describe temperature 1.
+            logprobs_mode="processed_logprobs",
             # Sleep mode lets CUDA/NPU release weights and KV cache between rollouts;
             # vLLM-CPU does not support it (it logs and ignores the flag).
             enable_sleep_mode=device_type != "cpu",

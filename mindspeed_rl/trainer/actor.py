@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from mindspeed_rl.algorithms import (agg_loss, entropy_from_vocab_parallel_logits, kl_penalty,
-                                     logprobs_from_vocab_parallel_logits, policy_loss,
-                                     truncated_is_weights)
+                                     default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
+                                     policy_loss, truncated_is_weights)
 from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.trainer.optim import TrainableModel
 from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
@@ -51,15 +51,17 @@ class MegatronActor(TrainableModel):
     weight_version = 0
 
     def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *,
-               kl_coef: float, vocab_size: int, norm_length: float | None = None
-               ) -> dict[str, float]:
+               kl_coef: float, vocab_size: int, norm_length: float | None = None,
+               temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step on ``batch`` (this DP rank's share of a mini-batch).
 
         ``rl`` is the ``rl_config`` section: clip ranges (``clip_ratio``, clip-higher's
         ``clip_ratio_low/high``, dual-clip ``clip_ratio_c``), ``policy_loss`` (vanilla or
         GSPO), ``loss_agg_mode``, the KL estimator, the entropy coefficient and the
         truncated-IS threshold; ``kl_coef`` the KL loss coefficient (0 when the KL is in
-        the reward); ``norm_length`` Dr. GRPO's constant length (max_tokens).
+        the reward); ``norm_length`` Dr. GRPO's constant length (max_tokens);
+        ``temperature`` the rollout's sampling temperature: the log-probs, the ratio, the
+        KL and the entropy are those of the policy that sampled (logits / temperature).
 
         Exact over micro-batches and DP ranks: each micro-batch returns the sum of its
         terms and its count of units (tokens for token-mean, sequences otherwise);
@@ -77,7 +79,7 @@ class MegatronActor(TrainableModel):
                     f"of weights v{self.weight_version} without old log-probs; an off-policy "
                     "row needs the old_log_p phase")
         batch.extras.pop("weight_version", None)
-        mode = rl.loss_agg_mode
+        mode = rl.loss_agg_mode or default_loss_agg_mode(rl.policy_loss)
         low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
         high = rl.clip_ratio if rl.clip_ratio_high is None else rl.clip_ratio_high
         level = "sequence" if rl.policy_loss == "gspo" else "token"
@@ -86,7 +88,7 @@ class MegatronActor(TrainableModel):
 
         def loss_fn(logits, mb: MicroBatch):
             nonlocal max_diff
-            logp = response_logprobs(logits, mb, vocab_size)
+            logp = response_logprobs(logits, mb, vocab_size, temperature)
             mask = mb.mask
             logp_old = mb.extras["logprobs_old"] if "logprobs_old" in mb.extras else logp.detach()
             segments = segment_ids(mb)
@@ -107,7 +109,8 @@ class MegatronActor(TrainableModel):
                                   mask, **agg)
                 loss = loss + kl_coef * kl_sum
             with torch.set_grad_enabled(rl.entropy_coeff != 0 and torch.is_grad_enabled()):
-                ent_sum = agg_loss(response_entropy(logits, vocab_size), mask, **agg)
+                ent_sum = agg_loss(response_entropy(logits, vocab_size, temperature), mask,
+                                   **agg)
             if rl.entropy_coeff:
                 loss = loss - rl.entropy_coeff * ent_sum
             n = mask.sum()
@@ -159,40 +162,51 @@ def max_over_world(value: float) -> float:
 # ---------------------------------------------------------------------------------------
 # log-probs and entropy from vocabulary-parallel logits
 # ---------------------------------------------------------------------------------------
-def _mask_padded_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Megatron pads the vocabulary (multiple of 128); vLLM and HF never sample pads."""
+def policy_logits(logits: torch.Tensor, vocab_size: int, temperature: float) -> torch.Tensor:
+    """The logits of the distribution that sampled: float32, the padded vocabulary columns
+    masked (megatron pads the vocabulary to a multiple of 128; vLLM and HF never sample
+    pads), divided by the sampling ``temperature`` as vLLM does before it samples.
+
+    logits: [b, R, V/tp] this rank's vocabulary shard -> [b, R, V/tp]
+    """
     _, _, tp_rank = tp_reductions()
     shard = logits.size(-1)
     start = tp_rank * shard
-    if start + shard <= vocab_size:
-        return logits.float()
-    cols = torch.arange(start, start + shard)
-    return logits.float().masked_fill(cols >= vocab_size, _MASKED_LOGIT)
+    logits = logits.float()
+    if start + shard > vocab_size:
+        cols = torch.arange(start, start + shard)
+        logits = logits.masked_fill(cols >= vocab_size, _MASKED_LOGIT)
+    # At 1 no division at all, so temperature-1 runs stay bit-identical to raw logits.
+    return logits if temperature == 1.0 else logits / temperature
 
 
-def response_logprobs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int) -> torch.Tensor:
+def response_logprobs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int,
+                      temperature: float = 1.0) -> torch.Tensor:
     all_max, all_sum, tp_rank = tp_reductions()
-    logits = _mask_padded_vocab(logits, vocab_size)
+    logits = policy_logits(logits, vocab_size, temperature)
     return logprobs_from_vocab_parallel_logits(logits, mb.response_ids, tp_rank * logits.size(-1),
                                                all_max, all_sum)  # [b, R]
 
 
-def response_entropy(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def response_entropy(logits: torch.Tensor, vocab_size: int,
+                     temperature: float = 1.0) -> torch.Tensor:
     all_max, all_sum, _ = tp_reductions()
-    return entropy_from_vocab_parallel_logits(_mask_padded_vocab(logits, vocab_size), all_max,
-                                              all_sum)  # [b, R]
+    return entropy_from_vocab_parallel_logits(policy_logits(logits, vocab_size, temperature),
+                                              all_max, all_sum)  # [b, R]
 
 
 def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatching,
-                     vocab_size: int,
-                     with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-row response log-probs (and entropies) on every rank of the model's DP group.
+                     vocab_size: int, with_entropy: bool = False, *,
+                     temperature: float = 1.0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-row response log-probs (and entropies) on every rank of the model's DP group,
+    of the policy at ``temperature`` (the rollout's sampling temperature).
 
     Returns ``([R_i] per row, [R_i] per row)`` (entropies are zeros unless ``with_entropy``).
     """
     def per_token(logits, mb):
-        logp = response_logprobs(logits, mb, vocab_size)
-        ent = response_entropy(logits, vocab_size) if with_entropy else torch.zeros_like(logp)
+        logp = response_logprobs(logits, mb, vocab_size, temperature)
+        ent = (response_entropy(logits, vocab_size, temperature) if with_entropy
+               else torch.zeros_like(logp))
         return logp, ent
 
     out = forward_rows(model, batch, micro_batch_size, ("logp", "entropy"), per_token)

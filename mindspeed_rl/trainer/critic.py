@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mindspeed_rl.algorithms import masked_sum, value_loss
+from mindspeed_rl.algorithms import explained_variance, masked_sum, value_loss
 from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.trainer.optim import TrainableModel
 from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
@@ -56,13 +56,12 @@ class MegatronCritic(TrainableModel):
                                              forward_only=False), sums.values)
         t = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)
         n = max(t["tokens"], 1.0)
-        var_returns = t["returns_sq"] / n - (t["returns"] / n) ** 2
-        var_residual = t["residual_sq"] / n - (t["residual"] / n) ** 2
         return {"vf_loss": t["vf_loss"] / n, "vf_clipfrac": t["vf_clipfrac"] / n,
                 "vpred_mean": t["vpred"] / n,
-                # 1 - Var[returns - V] / Var[returns]: how much of the returns the critic explains.
-                "explained_variance": (1.0 - var_residual / var_returns if var_returns > 0
-                                       else float("nan")),
+                # how much of the returns the critic explains (NaN when they do not vary)
+                "explained_variance": explained_variance(
+                    t["returns"], t["returns_sq"], t["residual"], t["residual_sq"],
+                    t["tokens"]),
                 **out}
 
 

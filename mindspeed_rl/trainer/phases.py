@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages,
                                      groups_with_reward_spread, kl_penalty, overlong_penalty,
-                                     token_level_rewards, whiten)
+                                     token_level_rewards, token_mean_kl_per_sequence, whiten)
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.rewards import compute_rewards
 from mindspeed_rl.trainer.actor import forward_logprobs
@@ -295,9 +295,10 @@ def gae(t) -> dict[str, float]:
     beta = t.state.kl_ctrl.value
     rewards = token_level_rewards(scores, mask, kl, beta)
     adv, returns = gae_advantages(rewards, values, mask, rl.gamma, rl.lam)
+    # The KL controller reads each sequence's per-token mean KL, averaged over sequences.
     sums = [float((adv * mask).sum()), float((adv.square() * mask).sum()), float(mask.sum()),
-            float(kl.sum()) if kl is not None else 0.0, float(len(scores)),
-            float((returns * mask).sum())]
+            float(token_mean_kl_per_sequence(kl, mask).sum()) if kl is not None else 0.0,
+            float(len(scores)), float((returns * mask).sum())]
     s_adv, s_adv2, tokens, s_kl, rows, s_ret = global_sums([v if counted else 0.0 for v in sums])
     if rl.advantage_whiten:
         mean = s_adv / max(tokens, 1.0)
@@ -308,7 +309,7 @@ def gae(t) -> dict[str, float]:
                               "returns": [r[:k].clone() for r, k in zip(returns, lengths)]})
     metrics = {"critic/returns_mean": s_ret / max(tokens, 1.0), "actor/kl_coef": beta}
     if kl_in_reward:
-        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per sequence
+        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per token
         t.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
     return metrics
 
@@ -331,7 +332,8 @@ def old_logprobs(t) -> dict[str, float]:
     batch = t.flow.get("old_log_p", ["prompt_ids", "response_ids"],
                        t.plan.batch.responses_per_training_dp_rank, "train")
     logp, _ = forward_logprobs(t.roles.actor.model, _rows(batch),
-                               t.plan.batch.micro_batching["old_log_p"], t.arch.vocab_size)
+                               t.plan.batch.micro_batching["old_log_p"], t.arch.vocab_size,
+                               temperature=t.config.sampling_config.policy_temperature)
     t.flow.put("old_log_p", batch, {"logprobs_old": logp})
     return {}
 
@@ -343,7 +345,8 @@ def reference_logprobs(t) -> dict[str, float]:
     with t.roles.reference_swap.resident():
         logp, _ = forward_logprobs(t.roles.reference, _rows(batch),
                                    t.plan.batch.micro_batching["reference_model"],
-                                   t.arch.vocab_size)
+                                   t.arch.vocab_size,
+                                   temperature=t.config.sampling_config.policy_temperature)
     t.flow.put("reference_model", batch, {"logprobs_ref": logp})
     return {}
 
@@ -377,6 +380,9 @@ def critic_update(t) -> dict[str, float]:
                     _rows(batch, ("values", "returns")), b.micro_batching["critic_update"],
                     cliprange_value=rl.cliprange_value))
     metrics = _mean_of_steps(steps, "critic")
+    # over the mini-batches where it is defined (NaN when the returns of none varied)
+    defined = [s["explained_variance"] for s in steps if not math.isnan(s["explained_variance"])]
+    metrics["critic/explained_variance"] = sum(defined) / len(defined) if defined else math.nan
     metrics["critic/lr"] = t.roles.critic.lr
     metrics["critic/skipped_steps"] = float(t.roles.critic.step_guard.pop_skipped())
     return metrics
@@ -403,7 +409,8 @@ def actor_update(t) -> dict[str, float]:
             steps.append(t.roles.actor.update(
                 _rows(batch, tuple(extras)), b.micro_batching["update"], rl,
                 kl_coef=kl_coef, vocab_size=t.arch.vocab_size,
-                norm_length=t.config.sampling_config.max_tokens))
+                norm_length=t.config.sampling_config.max_tokens,
+                temperature=t.config.sampling_config.policy_temperature))
     metrics = _mean_of_steps(steps, "actor")
     metrics["rollout/logprob_abs_diff_mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
     metrics["rollout/logprob_abs_diff_max"] = max(s["rollout_logprob_abs_diff_max"]

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from mindspeed_rl.config import phase_names as names
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.schema import RLJobConfig
@@ -80,22 +81,22 @@ class MicroBatching:
 
 
 # (phase, rl_config prefix of its token budget and row cap)
-_MICRO_BATCH_PHASES = (("update", "update_"), ("old_log_p", "actor_"),
-                       ("reference_model", "ref_"), ("critic_update", "update_"),
-                       ("values", ""), ("reward_model", ""))
+_MICRO_BATCH_PHASES = ((names.UPDATE, "update_"), (names.OLD_LOG_P, "actor_"),
+                       (names.REFERENCE_MODEL, "ref_"), (names.CRITIC_UPDATE, "update_"),
+                       (names.VALUES, ""), (names.REWARD_MODEL, ""))
 
 
 def micro_batchings(config: RLJobConfig) -> dict[str, MicroBatching]:
     """Each phase's :class:`MicroBatching` (only the phases the job can run)."""
     rl, critic, reward = config.rl_config, config.critic_config, config.reward_config
-    rows = {"update": config.actor_config.micro_batch_size,
-            "old_log_p": rl.actor_forward_micro_batch_size,
-            "reference_model": rl.ref_forward_micro_batch_size}
+    rows = {names.UPDATE: config.actor_config.micro_batch_size,
+            names.OLD_LOG_P: rl.actor_forward_micro_batch_size,
+            names.REFERENCE_MODEL: rl.ref_forward_micro_batch_size}
     if critic is not None:
-        rows.update(critic_update=critic.micro_batch_size,
-                    values=rl.critic_forward_micro_batch_size)
+        rows.update({names.CRITIC_UPDATE: critic.micro_batch_size,
+                     names.VALUES: rl.critic_forward_micro_batch_size})
     if reward is not None:
-        rows["reward_model"] = reward.micro_batch_size
+        rows[names.REWARD_MODEL] = reward.micro_batch_size
     out = {}
     for phase, prefix in _MICRO_BATCH_PHASES:
         if phase not in rows:

@@ -1,8 +1,10 @@
 """The phases of an RL iteration: each reads columns from the sample flow, computes, and
 writes columns back (``mindspeed_rl/trainer/columns.py`` declares them).
 
-A phase is a function of the trainer that returns its metrics, already reduced
-over the ranks. Algorithms (``recipes.py``) are ordered lists of these phases;
+A phase is ``phase(ctx) -> metrics``: it receives a `PhaseContext` (config, batch plan,
+roles, data, its place in the layouts, the flow bound to its own name, the trainer's
+counters and the iteration's state: ``context.py``) and returns its metrics, already
+reduced over the ranks. Algorithms (``recipes.py``) are ordered lists of these phases;
 the objective of each one is visible here, the tensor math is in
 ``mindspeed_rl.algorithms``.
 """
@@ -18,9 +20,11 @@ from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages
                                      groups_with_reward_spread, kl_penalty, overlong_penalty,
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
 from mindspeed_rl.data import slice_per_dp_rank
+from mindspeed_rl.config import phase_names as names
 from mindspeed_rl.rewards import compute_rewards
 from mindspeed_rl.trainer.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
+from mindspeed_rl.trainer.context import PhaseContext
 from mindspeed_rl.trainer.critic import forward_scores, forward_values
 from mindspeed_rl.trainer.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
@@ -69,38 +73,39 @@ def _rows(batch: DockBatch | None, extras: tuple[str, ...] = ()) -> RowBatch:
 # ---------------------------------------------------------------------------------------
 # generation
 # ---------------------------------------------------------------------------------------
-def resharding_to_infer(t) -> dict[str, float]:
+def resharding_to_infer(ctx: PhaseContext) -> dict[str, float]:
     """The actor's weights from the training sharding into vLLM (allgather-swap)."""
-    report = t.roles.resharder.to_infer()
+    report = ctx.roles.resharder.to_infer()
     return {"resharding/peak_transition_bytes": report.peak_bytes,
             "resharding/bytes_moved": report.bytes_moved}
 
 
-def resharding_to_train(t) -> dict[str, float]:
-    t.roles.resharder.to_train()
+def resharding_to_train(ctx: PhaseContext) -> dict[str, float]:
+    ctx.roles.resharder.to_train()
     return {}
 
 
-def rollout(t) -> dict[str, float]:
+def rollout(ctx: PhaseContext) -> dict[str, float]:
     """Sample n responses per prompt of this generation-DP rank's share of the batch; the
     first rank of each vLLM instance puts the rows (all samples of a prompt together)."""
-    b, n, mt = t.plan.batch, t.config.rl_config.n_samples_per_prompt, t.config.megatron_training
-    indices = t.train_data.next_indices(b.prompts_per_generation_round)
-    dp_g = t.plan.layout.infer_data_parallel_size
-    mine = slice_per_dp_rank(indices, t.gen_dp_rank, dp_g)
-    first = t.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
-    first_group = t.state.groups_generated + first
-    t.state.groups_generated += len(indices)
+    b, n, mt = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.config.megatron_training
+    me = ctx.ranks
+    indices = ctx.train_data.next_indices(b.prompts_per_generation_round)
+    mine = slice_per_dp_rank(indices, me.gen_dp_rank, ctx.plan.layout.infer_data_parallel_size)
+    first = me.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
+    first_group = ctx.state.groups_generated + first
+    ctx.state.groups_generated += len(indices)
     # One seed per (iteration, generation round, prompt of the batch): a resumed run samples
     # what the uninterrupted run sampled.
-    seeds = [(mt.seed * 1_000_003 + t.iteration * 10_007 + t.generation_round * 1_000_033
-              + first + i) % 2**31 for i in range(len(mine))]
-    prompts = [t.train_data[i].prompt_ids for i in mine]
-    result = t.roles.rollout.generate(prompts, n, t.config.sampling_config, seeds=seeds,
-                                      use_tqdm=t.rank == 0)
+    seeds = [(mt.seed * 1_000_003 + ctx.it.iteration * 10_007
+              + ctx.it.generation_round * 1_000_033 + first + i) % 2**31
+             for i in range(len(mine))]
+    prompts = [ctx.train_data[i].prompt_ids for i in mine]
+    result = ctx.roles.rollout.generate(prompts, n, ctx.config.sampling_config, seeds=seeds,
+                                        use_tqdm=me.rank == 0)
     completions = [c for group in result.completions for c in group]
     columns = {}
-    if t.is_gen_writer:
+    if me.is_gen_writer:
         scalar = lambda values: [torch.tensor(v, dtype=torch.int64) for v in values]  # noqa: E731
         columns = {
             "prompt_ids": [torch.tensor(p) for p in prompts for _ in range(n)],
@@ -110,16 +115,16 @@ def rollout(t) -> dict[str, float]:
             "prompt_index": scalar(i for i in mine for _ in range(n)),
             "finish_reason": scalar(FINISH_REASONS.index(c.finish_reason or "stop")
                                     for c in completions),
-            "weight_version": scalar(t.roles.actor.weight_version for _ in completions),
+            "weight_version": scalar(ctx.roles.actor.weight_version for _ in completions),
             "group_id": scalar(first_group + g for g in range(len(mine)) for _ in range(n)),
             "sample_idx": scalar(j for _ in mine for j in range(n)),
         }
-    t.flow.put_rows("rollout", columns, group_size=n)
+    ctx.flow.put_rows(columns, group_size=n)
     lengths = [float(len(c.token_ids)) for c in completions]
-    prompt_tokens = sum(len(p) for p in prompts) * n if t.is_gen_writer else 0
-    response_tokens, prompt_tokens = global_sums([sum(lengths) if t.is_gen_writer else 0.0,
+    prompt_tokens = sum(len(p) for p in prompts) * n if me.is_gen_writer else 0
+    response_tokens, prompt_tokens = global_sums([sum(lengths) if me.is_gen_writer else 0.0,
                                                   float(prompt_tokens)])
-    return {**global_stats("response_length", lengths, t.is_gen_writer),
+    return {**global_stats("response_length", lengths, me.is_gen_writer),
             "prompt_length/mean": prompt_tokens / b.responses_per_iteration,
             "tokens/response": response_tokens, "tokens/prompt": prompt_tokens}
 
@@ -127,39 +132,39 @@ def rollout(t) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------
 # rewards and advantages
 # ---------------------------------------------------------------------------------------
-def reward_model(t) -> dict[str, float]:
+def reward_model(ctx: PhaseContext) -> dict[str, float]:
     """The reward model's score of every response, in the training layout."""
-    batch = t.flow.get("reward_model", ["prompt_ids", "response_ids"],
-                       t.plan.batch.responses_per_training_dp_rank, "train")
-    with t.roles.reward_model_swap.resident():
-        scores = forward_scores(t.roles.reward_model, _rows(batch),
-                                t.plan.batch.micro_batching["reward_model"])
-    t.flow.put("reward_model", batch, {"rm_scores": scores})
+    batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
+                         "train")
+    with ctx.roles.reward_model_swap.resident():
+        scores = forward_scores(ctx.roles.reward_model, _rows(batch),
+                                ctx.batch.micro_batching[names.REWARD_MODEL])
+    ctx.flow.put(batch, {"rm_scores": scores})
     return global_stats("reward_model/score", [float(s) for s in scores],
                         counts_in_train_layout())
 
 
-def reward(t) -> dict[str, float]:
+def reward(ctx: PhaseContext) -> dict[str, float]:
     """Rule verifiers on the decoded responses (+ the weighted reward-model score)."""
-    rl = t.config.rl_config
+    rl = ctx.rl
     columns = ["response_ids", "prompt_index", "finish_reason"]
-    if t.roles.reward_model is not None:
+    if ctx.roles.reward_model is not None:
         columns.append("rm_scores")
-    batch = t.flow.get("reward", columns, t.plan.batch.responses_per_generation_dp_rank,
-                       "gen_writers")
+    batch = ctx.flow.get(columns, ctx.batch.responses_per_generation_dp_rank, "gen_writers")
     totals, per_verifier, truncated, overlong = [], {}, [], []
     if batch is not None:
-        texts = [t.tokenizer.decode(r, skip_special_tokens=True) for r in batch["response_ids"]]
-        items = [t.train_data[int(i)] for i in batch["prompt_index"]]
+        texts = [ctx.tokenizer.decode(r, skip_special_tokens=True)
+                 for r in batch["response_ids"]]
+        items = [ctx.train_data[int(i)] for i in batch["prompt_index"]]
         total, per_verifier = compute_rewards(
             texts, [item.answer for item in items], rl.verifier_function, rl.verifier_weight,
             row_labels=[f"{item.source_file} row {item.source_row}" for item in items])
         if "rm_scores" in columns:
-            total = total + t.config.reward_config.weight * torch.stack(batch["rm_scores"])
+            total = total + ctx.config.reward_config.weight * torch.stack(batch["rm_scores"])
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
             penalty = overlong_penalty(
                 torch.tensor([len(r) for r in batch["response_ids"]]),
-                t.config.sampling_config.max_tokens, rl.overlong_buffer_len,
+                ctx.config.sampling_config.max_tokens, rl.overlong_buffer_len,
                 rl.overlong_penalty_factor)
             total, overlong = total + penalty, penalty.tolist()
         totals = total.tolist()
@@ -167,10 +172,10 @@ def reward(t) -> dict[str, float]:
                      for f in batch["finish_reason"]]
         scores = torch.stack([per_verifier[v] for v in rl.verifier_function], dim=1) \
             if rl.verifier_function else torch.zeros(len(totals), 0)
-        t.flow.put("reward", batch, {"rewards": list(total.float().unbind()),
-                                     "verifier_scores": list(scores.float().unbind())})
+        ctx.flow.put(batch, {"rewards": list(total.float().unbind()),
+                             "verifier_scores": list(scores.float().unbind())})
     else:
-        t.flow.put("reward", None, {})
+        ctx.flow.put(None, {})
     writer = batch is not None
     metrics = global_stats("reward", totals, writer)
     for name in rl.verifier_function:
@@ -182,60 +187,63 @@ def reward(t) -> dict[str, float]:
     return metrics
 
 
-def dynamic_sampling(t) -> dict[str, float]:
-    """DAPO: drop the groups whose filter metric is equal for all their samples (zero
-    advantage, no signal) and generate on fresh prompts until ``global_batch_size``
-    informative groups are in the dock (or ``max_num_gen_batches`` rounds ran out).
+def dynamic_sampling(ctx: PhaseContext) -> dict[str, float]:
+    """DAPO, closing each generation round: drop the groups whose filter metric is equal
+    for all their samples (zero advantage, no signal); while fewer than
+    ``global_batch_size`` informative groups are in the dock, ask for another round on
+    fresh prompts (after ``max_num_gen_batches`` rounds: stop, or fill with uninformative
+    groups and say so).
 
     The dropped rows leave the TransferDock; so do informative groups beyond the batch.
-    The reward and length metrics of the iteration describe its first round.
     """
-    rl, gbs = t.config.rl_config, t.plan.batch.prompts_per_iteration
-    generation = t.phases[:[p.name for p in t.phases].index("dynamic_sampling")]
-    kept, dropped = [], []  # [(group_id, [row ids])], in generation order, same on every rank
-    rounds, generated = 1, 0
-    while True:
-        new = _classify_new_groups(t)
-        generated += len(new)
-        kept += [(g, rows) for g, rows, informative in new if informative]
-        dropped += [(g, rows) for g, rows, informative in new if not informative]
-        if len(kept) >= gbs:
-            break
-        if rl.max_num_gen_batches and rounds >= rl.max_num_gen_batches:
-            message = (f"dynamic sampling: {len(kept)} of {gbs} informative groups after "
-                       f"max_num_gen_batches={rl.max_num_gen_batches} rounds of "
-                       f"{t.plan.batch.prompts_per_generation_round} prompts")
-            if rl.filter_groups_shortfall == "error":
-                raise ValueError(f"{message} (rl_config.filter_groups_shortfall: error); raise "
-                                 "max_num_gen_batches, or set filter_groups_shortfall: fill")
-            fill = gbs - len(kept)
-            kept, dropped = kept + dropped[-fill:], dropped[:-fill]
-            if t.rank == 0:
-                print(f"{message}: continuing with {fill} uninformative groups (zero "
-                      "advantage; rl_config.filter_groups_shortfall: fill)", flush=True)
-            break
-        t.generation_round = rounds
-        rounds += 1
-        for phase in generation:  # another round on fresh prompts
-            with t.timers.phase(phase.name):
-                phase.run(t)
+    rl, gbs = ctx.rl, ctx.batch.prompts_per_iteration
+    # [(group_id, [row ids])] in generation order, the same on every rank, across rounds
+    seen = ctx.it.memo.setdefault(names.DYNAMIC_SAMPLING,
+                                  {"kept": [], "dropped": [], "generated": 0})
+    new = _classify_new_groups(ctx)
+    seen["generated"] += len(new)
+    seen["kept"] += [(g, rows) for g, rows, informative in new if informative]
+    seen["dropped"] += [(g, rows) for g, rows, informative in new if not informative]
+    kept, dropped, rounds = seen["kept"], seen["dropped"], ctx.it.generation_round + 1
+    if len(kept) < gbs:
+        if not (rl.max_num_gen_batches and rounds >= rl.max_num_gen_batches):
+            ctx.it.batch_ready = False  # another round on fresh prompts
+            return {}
+        kept, dropped = _fill_shortfall(ctx, kept, dropped, rounds)
     kept, extra = kept[:gbs], kept[gbs:]
-    t.flow.retire(sorted(r for _, rows in dropped + extra for r in rows))
-    if t.flow.trace is not None:
-        t.flow.trace["dynamic_sampling/kept"] = sorted(r for _, rows in kept for r in rows)
+    ctx.flow.retire(sorted(r for _, rows in dropped + extra for r in rows))
+    ctx.flow.note("dynamic_sampling/kept", sorted(r for _, rows in kept for r in rows))
     return {"dynamic_sampling/num_gen_batches": float(rounds),
-            "dynamic_sampling/kept_group_fraction": min(len(kept), gbs) / max(generated, 1)}
+            "dynamic_sampling/kept_group_fraction":
+                min(len(kept), gbs) / max(seen["generated"], 1)}
 
 
-def _classify_new_groups(t) -> list[tuple[int, list[int], bool]]:
+def _fill_shortfall(ctx: PhaseContext, kept: list, dropped: list, rounds: int
+                    ) -> tuple[list, list]:
+    """The rounds ran out: stop (``filter_groups_shortfall: error``) or complete the batch
+    with the last uninformative groups (``fill``)."""
+    rl, gbs = ctx.rl, ctx.batch.prompts_per_iteration
+    message = (f"dynamic sampling: {len(kept)} of {gbs} informative groups after "
+               f"max_num_gen_batches={rl.max_num_gen_batches} rounds of "
+               f"{ctx.batch.prompts_per_generation_round} prompts")
+    if rl.filter_groups_shortfall == "error":
+        raise ValueError(f"{message} (rl_config.filter_groups_shortfall: error); raise "
+                         "max_num_gen_batches, or set filter_groups_shortfall: fill")
+    fill = gbs - len(kept)
+    if ctx.ranks.rank == 0:
+        print(f"{message}: continuing with {fill} uninformative groups (zero "
+              "advantage; rl_config.filter_groups_shortfall: fill)", flush=True)
+    return kept + dropped[-fill:], dropped[:-fill]
+
+
+def _classify_new_groups(ctx: PhaseContext) -> list[tuple[int, list[int], bool]]:
     """(group_id, row ids, informative) of the groups generated since the last call, every
     rank's, ordered by group id."""
-    rl, n = t.config.rl_config, t.config.rl_config.n_samples_per_prompt
+    rl, n = ctx.rl, ctx.rl.n_samples_per_prompt
     by_reward = rl.filter_groups_metric == "reward"
     column = "rewards" if by_reward else "verifier_scores"
-    batch = t.flow.get("dynamic_sampling", [column, "group_id"],
-                       t.plan.batch.responses_per_generation_dp_rank, "gen_writers",
-                       whole_groups=True)
+    batch = ctx.flow.get([column, "group_id"], ctx.batch.responses_per_generation_dp_rank,
+                         "gen_writers", whole_groups=True)
     mine = []
     if batch is not None:
         values = torch.stack(batch[column])
@@ -246,17 +254,17 @@ def _classify_new_groups(t) -> list[tuple[int, list[int], bool]]:
         informative = groups_with_reward_spread(values[order], n).tolist()
         rows = torch.tensor(batch.rows)[order].view(-1, n).tolist()
         mine = [(int(g), r, f) for g, r, f in zip(groups[order][::n].tolist(), rows, informative)]
-    everyone = [None] * t.world
+    everyone = [None] * ctx.ranks.world
     dist.all_gather_object(everyone, mine)
     return sorted(g for part in everyone for g in part)
 
 
-def group_advantages(t) -> dict[str, float]:
+def group_advantages(ctx: PhaseContext) -> dict[str, float]:
     """GRPO: each response's reward against its group's (the n samples of its prompt)."""
-    n = t.config.rl_config.n_samples_per_prompt
-    batch = t.flow.get("adv", ["rewards", "group_id", "sample_idx", "response_ids"],
-                       t.plan.batch.kept_responses_per_generation_dp_rank, "gen_writers",
-                       whole_groups=True)
+    n = ctx.rl.n_samples_per_prompt
+    batch = ctx.flow.get(["rewards", "group_id", "sample_idx", "response_ids"],
+                         ctx.batch.kept_responses_per_generation_dp_rank, "gen_writers",
+                         whole_groups=True)
     advantages = []
     if batch is not None:
         # [groups, n] by (group_id, sample_idx): the math never relies on row order.
@@ -269,21 +277,21 @@ def group_advantages(t) -> dict[str, float]:
         grouped = torch.stack(batch["rewards"])[order].view(-1, n)
         adv = torch.empty(len(order))
         adv[order] = group_normalized_advantages(
-            grouped, n, norm_by_std=t.config.rl_config.norm_adv_by_std_in_grpo).reshape(-1)
+            grouped, n, norm_by_std=ctx.rl.norm_adv_by_std_in_grpo).reshape(-1)
         advantages = [a.expand(len(r)).clone() for a, r in zip(adv, batch["response_ids"])]
-    t.flow.put("adv", batch, {"advantages": advantages})
+    ctx.flow.put(batch, {"advantages": advantages})
     return {}
 
 
-def gae(t) -> dict[str, float]:
+def gae(ctx: PhaseContext) -> dict[str, float]:
     """PPO: token-level GAE on the critic's values; the KL to the reference inside the
     reward when ``use_kl_in_reward`` (its coefficient from the KL controller); advantages
     whitened over the whole batch."""
-    rl = t.config.rl_config
-    kl_in_reward = rl.use_kl_in_reward and t.roles.reference is not None
+    rl = ctx.rl
+    kl_in_reward = rl.use_kl_in_reward and ctx.roles.reference is not None
     columns = ["response_ids", "rewards", "values"] + (
         ["logprobs_old", "logprobs_ref"] if kl_in_reward else [])
-    batch = t.flow.get("gae", columns, t.plan.batch.responses_per_training_dp_rank, "train")
+    batch = ctx.flow.get(columns, ctx.batch.responses_per_training_dp_rank, "train")
     counted = counts_in_train_layout()
     mask, values = _padded(batch["values"])
     scores = torch.stack(batch["rewards"])
@@ -292,7 +300,7 @@ def gae(t) -> dict[str, float]:
         logp_old, _ = _padded(batch["logprobs_old"])
         logp_ref, _ = _padded(batch["logprobs_ref"])
         kl = kl_penalty(logp_old, logp_ref, rl.kl_penalty) * mask
-    beta = t.state.kl_ctrl.value
+    beta = ctx.state.kl_ctrl.value
     rewards = token_level_rewards(scores, mask, kl, beta)
     adv, returns = gae_advantages(rewards, values, mask, rl.gamma, rl.lam)
     # The KL controller reads each sequence's per-token mean KL, averaged over sequences.
@@ -305,12 +313,12 @@ def gae(t) -> dict[str, float]:
         var = s_adv2 / max(tokens, 1.0) - mean ** 2
         adv = whiten(adv, mask, mean, var * tokens / max(tokens - 1.0, 1.0))
     lengths = [int(m.sum()) for m in mask]
-    t.flow.put("gae", batch, {"advantages": [a[:k].clone() for a, k in zip(adv, lengths)],
-                              "returns": [r[:k].clone() for r, k in zip(returns, lengths)]})
+    ctx.flow.put(batch, {"advantages": [a[:k].clone() for a, k in zip(adv, lengths)],
+                         "returns": [r[:k].clone() for r, k in zip(returns, lengths)]})
     metrics = {"critic/returns_mean": s_ret / max(tokens, 1.0), "actor/kl_coef": beta}
     if kl_in_reward:
         metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per token
-        t.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
+        ctx.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
     return metrics
 
 
@@ -327,95 +335,93 @@ def _padded(cells: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------
 # forward passes of the other roles
 # ---------------------------------------------------------------------------------------
-def old_logprobs(t) -> dict[str, float]:
+def old_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The actor's log-probs before this iteration's first optimizer step."""
-    batch = t.flow.get("old_log_p", ["prompt_ids", "response_ids"],
-                       t.plan.batch.responses_per_training_dp_rank, "train")
-    logp, _ = forward_logprobs(t.roles.actor.model, _rows(batch),
-                               t.plan.batch.micro_batching["old_log_p"], t.arch.vocab_size,
-                               temperature=t.config.sampling_config.policy_temperature)
-    t.flow.put("old_log_p", batch, {"logprobs_old": logp})
+    batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
+                         "train")
+    logp, _ = forward_logprobs(ctx.roles.actor.model, _rows(batch),
+                               ctx.batch.micro_batching[names.OLD_LOG_P], ctx.vocab_size,
+                               temperature=ctx.temperature)
+    ctx.flow.put(batch, {"logprobs_old": logp})
     return {}
 
 
-def reference_logprobs(t) -> dict[str, float]:
+def reference_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The frozen reference's log-probs (the KL anchor), onloaded for this phase only."""
-    batch = t.flow.get("reference_model", ["prompt_ids", "response_ids"],
-                       t.plan.batch.responses_per_training_dp_rank, "train")
-    with t.roles.reference_swap.resident():
-        logp, _ = forward_logprobs(t.roles.reference, _rows(batch),
-                                   t.plan.batch.micro_batching["reference_model"],
-                                   t.arch.vocab_size,
-                                   temperature=t.config.sampling_config.policy_temperature)
-    t.flow.put("reference_model", batch, {"logprobs_ref": logp})
+    batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
+                         "train")
+    with ctx.roles.reference_swap.resident():
+        logp, _ = forward_logprobs(ctx.roles.reference, _rows(batch),
+                                   ctx.batch.micro_batching[names.REFERENCE_MODEL],
+                                   ctx.vocab_size, temperature=ctx.temperature)
+    ctx.flow.put(batch, {"logprobs_ref": logp})
     return {}
 
 
-def values(t) -> dict[str, float]:
+def values(ctx: PhaseContext) -> dict[str, float]:
     """The critic's values of the rollout (the baseline GAE and the value clip use)."""
-    batch = t.flow.get("values", ["prompt_ids", "response_ids"],
-                       t.plan.batch.responses_per_training_dp_rank, "train")
-    with t.roles.critic_swap.resident():
-        vals = forward_values(t.roles.critic.model, _rows(batch),
-                              t.plan.batch.micro_batching["values"])
-    t.flow.put("values", batch, {"values": vals})
+    batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
+                         "train")
+    with ctx.roles.critic_swap.resident():
+        vals = forward_values(ctx.roles.critic.model, _rows(batch),
+                              ctx.batch.micro_batching[names.VALUES])
+    ctx.flow.put(batch, {"values": vals})
     return {}
 
 
 # ---------------------------------------------------------------------------------------
 # updates
 # ---------------------------------------------------------------------------------------
-def critic_update(t) -> dict[str, float]:
+def critic_update(ctx: PhaseContext) -> dict[str, float]:
     """``epochs`` passes of mini-batches of the clipped value loss on the GAE returns."""
-    rl, b = t.config.rl_config, t.plan.batch
+    rl, b, critic = ctx.rl, ctx.batch, ctx.roles.critic
     steps = []
-    with t.roles.critic_swap.resident():
+    with ctx.roles.critic_swap.resident():
         for epoch in range(rl.epochs):
             for _ in range(b.mini_batches_per_epoch):
-                batch = t.flow.get("critic_update", ["prompt_ids", "response_ids", "values",
-                                                     "returns"],
-                                   b.responses_per_mini_batch_per_training_dp_rank, "train",
-                                   consumer=f"critic_update_{epoch}")
-                steps.append(t.roles.critic.update(
-                    _rows(batch, ("values", "returns")), b.micro_batching["critic_update"],
+                batch = ctx.flow.get(["prompt_ids", "response_ids", "values", "returns"],
+                                     b.responses_per_mini_batch_per_training_dp_rank, "train",
+                                     consumer=f"{names.CRITIC_UPDATE}_{epoch}")
+                steps.append(critic.update(
+                    _rows(batch, ("values", "returns")), b.micro_batching[names.CRITIC_UPDATE],
                     cliprange_value=rl.cliprange_value))
     metrics = _mean_of_steps(steps, "critic")
     # over the mini-batches where it is defined (NaN when the returns of none varied)
     defined = [s["explained_variance"] for s in steps if not math.isnan(s["explained_variance"])]
     metrics["critic/explained_variance"] = sum(defined) / len(defined) if defined else math.nan
-    metrics["critic/lr"] = t.roles.critic.lr
-    metrics["critic/skipped_steps"] = float(t.roles.critic.step_guard.pop_skipped())
+    metrics["critic/lr"] = critic.lr
+    metrics["critic/skipped_steps"] = float(critic.step_guard.pop_skipped())
     return metrics
 
 
-def actor_update(t) -> dict[str, float]:
+def actor_update(ctx: PhaseContext) -> dict[str, float]:
     """``epochs`` passes of mini-batches of the clipped policy loss (+ KL, entropy); one
     optimizer step per mini-batch. PPO's actor waits ``critic_warmup`` iterations."""
-    rl, b = t.config.rl_config, t.plan.batch
-    if t.iteration <= rl.critic_warmup:
+    rl, b, actor = ctx.rl, ctx.batch, ctx.roles.actor
+    if ctx.it.iteration <= rl.critic_warmup:
         return {}
     extras = ["advantages", "logprobs_rollout", "weight_version"]
-    if t.computes_old_logprobs:
+    if ctx.flow.carries("logprobs_old"):  # else on-policy: the update's own, detached
         extras.append("logprobs_old")
-    kl_coef = 0.0 if rl.use_kl_in_reward or t.roles.reference is None else rl.init_kl_coef
+    kl_coef = 0.0 if rl.use_kl_in_reward or ctx.roles.reference is None else rl.init_kl_coef
     if kl_coef:
         extras.append("logprobs_ref")
     steps = []
     for epoch in range(rl.epochs):
         for _ in range(b.mini_batches_per_epoch):
-            batch = t.flow.get("update", ["prompt_ids", "response_ids", *extras],
-                               b.responses_per_mini_batch_per_training_dp_rank, "train",
-                               consumer=f"update_{epoch}")
-            steps.append(t.roles.actor.update(
-                _rows(batch, tuple(extras)), b.micro_batching["update"], rl,
-                kl_coef=kl_coef, vocab_size=t.arch.vocab_size,
-                norm_length=t.config.sampling_config.max_tokens,
-                temperature=t.config.sampling_config.policy_temperature))
+            batch = ctx.flow.get(["prompt_ids", "response_ids", *extras],
+                                 b.responses_per_mini_batch_per_training_dp_rank, "train",
+                                 consumer=f"{names.UPDATE}_{epoch}")
+            steps.append(actor.update(
+                _rows(batch, tuple(extras)), b.micro_batching[names.UPDATE], rl,
+                kl_coef=kl_coef, vocab_size=ctx.vocab_size,
+                norm_length=ctx.config.sampling_config.max_tokens,
+                temperature=ctx.temperature))
     metrics = _mean_of_steps(steps, "actor")
     metrics["rollout/logprob_abs_diff_mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
     metrics["rollout/logprob_abs_diff_max"] = max(s["rollout_logprob_abs_diff_max"]
                                                   for s in steps)
     metrics.pop("actor/rollout_logprob_abs_diff_max")
-    metrics["actor/lr"] = t.roles.actor.lr
-    metrics["actor/skipped_steps"] = float(t.roles.actor.step_guard.pop_skipped())
+    metrics["actor/lr"] = actor.lr
+    metrics["actor/skipped_steps"] = float(actor.step_guard.pop_skipped())
     return metrics

@@ -10,6 +10,7 @@ actor's training layout. Roles that are idle sit on the host; one byte ledger
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,93 +82,139 @@ class Roles:
         self.rollout.shutdown()
 
 
+@dataclass(frozen=True)
+class RoleEnv:
+    """What every role's build shares: the architecture, the megatron model options of the
+    run, the trainable-model options, the byte ledger and the device."""
+
+    arch: object
+    model_options: dict
+    trainable: dict
+    total_steps: int
+    seed: int
+    pin: bool
+    ledger: object = None
+
+
 def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles:
-    """Build this rank's roles for ``config`` (megatron's parallel state must exist).
+    """Build this rank's roles for ``config`` (megatron's parallel state must exist): one
+    build per role, each from its own config section.
 
     ``start`` is the actor's initial `WeightSource` (``weight_source.actor_start``), or
     None when the run resumes from a trainer checkpoint (loaded afterwards by the trainer).
     """
-    from mindspeed_rl.checkpoint import weight_source
     from mindspeed_rl.models.training_options import training_model_options
-    from mindspeed_rl.resharding import Resharder
+
+    mt, rl = config.megatron_training, config.rl_config
+    env = RoleEnv(
+        arch=arch, seed=mt.seed, pin=platform.device_type != "cpu",
+        model_options=dict(params_dtype=torch.bfloat16 if mt.bf16 else torch.float32,
+                           sequence_parallel=mt.sequence_parallel,
+                           **training_model_options(config)),
+        trainable=dict(use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16,
+                       max_consecutive_skipped_steps=rl.max_consecutive_skipped_steps),
+        total_steps=mt.train_iters * plan.batch.optimizer_steps_per_iteration)
+    actor = build_actor(config.actor_config, env, start)
+    rollout = build_rollout(config, model_dir, platform)
+    resharder = build_resharder(config.generate_config, actor, rollout, env, platform)
+    roles = Roles(actor=actor, rollout=rollout, resharder=resharder)
+    env = dataclasses.replace(env, ledger=resharder.ledger)
+    if rl.init_kl_coef:
+        roles.reference, roles.reference_swap, roles.reference_source = build_reference(
+            config.ref_config, env, actor.model, start, config.actor_config.load)
+    if config.critic_config is not None:
+        roles.critic, roles.critic_swap = build_critic(config.critic_config, env, start)
+    if config.reward_config is not None:
+        roles.reward_model, roles.reward_model_swap = build_reward_model(
+            config.reward_config, env, model_dir)
+    return roles
+
+
+def build_actor(section, env: RoleEnv, start) -> MegatronActor:
+    """The policy (``actor_config``): this rank's GPT shard, its weights from ``start``
+    (none when resuming), DDP and the optimizer."""
+    from mindspeed_rl.checkpoint import weight_source
+
+    policy = build_policy_model(env.arch, **env.model_options)
+    if start is not None:
+        weight_source.load_weights(policy, env.arch, start)
+    return MegatronActor(policy, section, total_steps=env.total_steps, **env.trainable)
+
+
+def build_rollout(config, model_dir: str, platform) -> "RolloutEngine":  # noqa: F821
+    """vLLM on this rank (``generate_config`` and ``sampling_config``), placeholder weights."""
     from mindspeed_rl.rollout import RolloutEngine
 
-    mt, rl, gen = config.megatron_training, config.rl_config, config.generate_config
-    dtype = torch.bfloat16 if mt.bf16 else torch.float32
-    b = plan.batch
-    trainable = dict(use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16,
-                     max_consecutive_skipped_steps=rl.max_consecutive_skipped_steps)
-    model_options = dict(params_dtype=dtype, sequence_parallel=mt.sequence_parallel,
-                         **training_model_options(config))
-    pin = platform.device_type != "cpu"
+    return RolloutEngine.from_config(config, model_dir, device_type=platform.device_type)
 
-    policy = build_policy_model(arch, **model_options)
+
+def build_resharder(section, actor: MegatronActor, rollout, env: RoleEnv,
+                    platform) -> "Resharder":  # noqa: F821
+    """The allgather-swap between the actor's training shards and vLLM
+    (``generate_config``: bucket size and what is offloaded while generating)."""
+    from mindspeed_rl.resharding import Resharder
+
+    return Resharder(
+        model=actor.model, model_chunks=actor.chunks, optimizer=actor.optimizer, engine=rollout,
+        weight_map=env.arch.weight_map, bucket_bytes=int(section.resharding_bucket_mb * 2**20),
+        platform=platform, offload_train_param=section.offload_train_param,
+        offload_train_grad=section.offload_train_grad,
+        offload_train_optimizer=section.offload_train_optimizer)
+
+
+def build_reference(section, env: RoleEnv, policy, start, actor_load):
+    """The frozen reference (``ref_config``): the policy the run started from, also when it
+    resumes (``ref_config.load``, else the start recorded in the checkpoint); offloaded
+    to the host between its phases. Returns (model, swap, its weight source)."""
+    from mindspeed_rl.checkpoint import weight_source
+
+    ref = build_policy_model(env.arch, **env.model_options)
+    source = weight_source.reference_start(
+        section.load, start, weight_source.recorded_start(actor_load) if start is None else None)
+    if source is start:
+        with torch.no_grad():
+            for p_ref, p in zip(ref.parameters(), policy.parameters()):
+                p_ref.copy_(p)
+    else:
+        weight_source.load_weights(ref, env.arch, source)
+    ref.requires_grad_(False)
+    swap = RoleSwap("ref", lambda: {"param": list(ref.parameters())}, env.ledger, env.pin)
+    return ref, swap, source
+
+
+def build_critic(section, env: RoleEnv, start) -> tuple[MegatronCritic, RoleSwap]:
+    """The PPO critic (``critic_config``): the policy's body with a scalar value head,
+    from ``critic_config.load`` or the actor's start; offloaded between its phases."""
+    from mindspeed_rl.checkpoint import weight_source
+    from mindspeed_rl.models.value_head import load_value_weights
+
+    value_model = _scalar_head_model(env.arch, env.model_options, seed=env.seed,
+                                     head_std=section.value_head_init_std)
     if start is not None:
-        weight_source.load_weights(policy, arch, start)
-    actor = MegatronActor(policy, config.actor_config,
-                          total_steps=mt.train_iters * b.optimizer_steps_per_iteration,
-                          **trainable)
-    rollout = RolloutEngine.from_config(config, model_dir, device_type=platform.device_type)
-    resharder = Resharder(
-        model=policy, model_chunks=actor.chunks, optimizer=actor.optimizer, engine=rollout,
-        weight_map=arch.weight_map, bucket_bytes=int(gen.resharding_bucket_mb * 2**20),
-        platform=platform, offload_train_param=gen.offload_train_param,
-        offload_train_grad=gen.offload_train_grad,
-        offload_train_optimizer=gen.offload_train_optimizer)
-    roles = Roles(actor=actor, rollout=rollout, resharder=resharder)
-    ledger = resharder.ledger
+        if section.load is None and start.kind == weight_source.LEGACY:
+            raise ValueError(f"critic_config.load: the critic cannot start from the legacy "
+                             f"Megatron checkpoint {start.path}; convert it "
+                             "(tools/convert_ckpt.py) or set critic_config.load")
+        load_value_weights(value_model, env.arch, section.load or start.path,
+                           require_score_head=False)
+    critic = MegatronCritic(value_model, section, total_steps=env.total_steps, **env.trainable)
+    swap = RoleSwap("critic", lambda: training_state_tensors(critic.chunks, critic.optimizer),
+                    env.ledger, env.pin)
+    return critic, swap
 
-    if rl.init_kl_coef:
-        # The reference stays the policy the run started from, also when it resumes
-        # (ref_config.load, else the start recorded in the checkpoint).
-        ref = build_policy_model(arch, **model_options)
-        roles.reference_source = weight_source.reference_start(
-            config.ref_config.load, start,
-            weight_source.recorded_start(config.actor_config.load) if start is None else None)
-        if roles.reference_source is start:
-            with torch.no_grad():
-                for p_ref, p in zip(ref.parameters(), policy.parameters()):
-                    p_ref.copy_(p)
-        else:
-            weight_source.load_weights(ref, arch, roles.reference_source)
-        ref.requires_grad_(False)
-        roles.reference = ref
-        roles.reference_swap = RoleSwap("ref", lambda: {"param": list(ref.parameters())},
-                                        ledger, pin)
 
-    if config.critic_config is not None:
-        from mindspeed_rl.models.value_head import load_value_weights
+def build_reward_model(section, env: RoleEnv, model_dir: str):
+    """A frozen scalar-head reward model (``reward_config``) that shares the actor's
+    tokenizer; offloaded between its phases. Returns (model, swap)."""
+    from mindspeed_rl.models.value_head import load_value_weights
 
-        cc = config.critic_config
-        value_model = _scalar_head_model(arch, model_options, seed=mt.seed,
-                                         head_std=cc.value_head_init_std)
-        if start is not None:
-            if cc.load is None and start.kind == weight_source.LEGACY:
-                raise ValueError(f"critic_config.load: the critic cannot start from the legacy "
-                                 f"Megatron checkpoint {start.path}; convert it "
-                                 "(tools/convert_ckpt.py) or set critic_config.load")
-            load_value_weights(value_model, arch, cc.load or start.path,
-                               require_score_head=False)
-        critic = MegatronCritic(value_model, cc,
-                                total_steps=mt.train_iters * b.optimizer_steps_per_iteration,
-                                **trainable)
-        roles.critic = critic
-        roles.critic_swap = RoleSwap(
-            "critic", lambda: training_state_tensors(critic.chunks, critic.optimizer), ledger,
-            pin)
-
-    if config.reward_config is not None:
-        from mindspeed_rl.models.value_head import load_value_weights
-
-        rc = config.reward_config
-        rm_arch = reward_model_architecture(rc.load, arch, model_dir)
-        rm = _scalar_head_model(rm_arch, model_options, seed=mt.seed)
-        load_value_weights(rm, rm_arch, rc.load, require_score_head=True)
-        rm.requires_grad_(False)
-        roles.reward_model = rm
-        roles.reward_model_swap = RoleSwap("reward_model",
-                                           lambda: {"param": list(rm.parameters())}, ledger, pin)
-    return roles
+    rm_arch = reward_model_architecture(section.load, env.arch, model_dir)
+    rm = _scalar_head_model(rm_arch, env.model_options, seed=env.seed)
+    load_value_weights(rm, rm_arch, section.load, require_score_head=True)
+    rm.requires_grad_(False)
+    swap = RoleSwap("reward_model", lambda: {"param": list(rm.parameters())}, env.ledger,
+                    env.pin)
+    return rm, swap
 
 
 def _scalar_head_model(arch, model_options: dict, seed: int, head_std: float | None = None):

@@ -1,8 +1,9 @@
 """The RL trainer: every role co-located on every rank, one iteration a list of phases.
 
-    for phase in phases_of(config):       # recipes.py: GRPO, PPO
-        with timer(phase.name):
-            metrics |= phase.run(trainer)  # phases.py: get columns, compute, put columns
+    while the batch is not ready:            # generation rounds (recipes.py)
+        for phase in round_phases: metrics |= phase.run(ctx)
+    for phase in the other phases:           # phases.py: get columns, compute, put columns
+        metrics |= phase.run(ctx)
     flow.retire_all(); checkpoint; log
 
 Samples move only through the TransferDock (checked against the column
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,18 +25,11 @@ import torch.distributed as dist
 from mindspeed_rl.algorithms import KLController
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
 from mindspeed_rl.rewards import compute_rewards
+from mindspeed_rl.trainer.context import (BoundFlow, IterationState, PhaseContext, Ranks,
+                                          TrainerState)
 from mindspeed_rl.trainer.flow import SampleFlow
 from mindspeed_rl.trainer.phases import global_sums
-from mindspeed_rl.trainer.recipes import phases_of
-
-
-@dataclass
-class TrainerState:
-    """What the trainer itself counts (models and data keep their own state)."""
-
-    iteration: int = 0  # iterations completed
-    groups_generated: int = 0  # prompts rolled out so far: the next group_id
-    kl_ctrl: KLController = dataclasses.field(default_factory=lambda: KLController(0.0))
+from mindspeed_rl.trainer.recipes import phases_of, split_rounds
 
 
 class RLTrainer:
@@ -72,13 +65,16 @@ class RLTrainer:
 
                 print(packing_notice(self.roles.actor.model), flush=True)
         self.phases = phases_of(config, plan)
+        self.round_phases, self.once_phases = split_rounds(self.phases)
+        tpg = plan.layout.infer_tensor_parallel_size
+        self.ranks = Ranks(rank=self.rank, world=self.world, gen_dp_rank=self.rank // tpg,
+                           is_gen_writer=self.rank % tpg == 0)
         self.flow = SampleFlow(
             build_transfer_dock(rl.transfer_dock_mode,
                                 timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s),
             [p.name for p in self.phases], _layouts(plan.layout), trace=rl.log_sample_flow)
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))
-        self.iteration = self.generation_round = 0  # the iteration being run, its round
         self._saved_at = None  # the last iteration checkpointed
         if resume:
             self.load_checkpoint(ac.load)
@@ -96,20 +92,6 @@ class RLTrainer:
             wandb_project=rl.wandb_project, run_config=config.to_dict(), resume=resume)
         if resume:
             self.logger.truncate_after(self.state.iteration)
-
-    # ---- layout helpers ----------------------------------------------------------------
-    @property
-    def gen_dp_rank(self) -> int:
-        return self.rank // self.plan.layout.infer_tensor_parallel_size
-
-    @property
-    def is_gen_writer(self) -> bool:
-        """The first rank of its vLLM instance: it puts the rollout's rows."""
-        return self.rank % self.plan.layout.infer_tensor_parallel_size == 0
-
-    @property
-    def computes_old_logprobs(self) -> bool:
-        return any(p.name == "old_log_p" for p in self.phases)
 
     # ---- the loop ----------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -150,17 +132,20 @@ class RLTrainer:
         return bool(flag.item())
 
     def run_iteration(self, iteration: int) -> dict[str, float]:
-        """One iteration: the algorithm's phases in order; returns and logs its metrics."""
-        self.iteration = iteration
-        self.generation_round = 0  # dynamic sampling generates more rounds
+        """One iteration: generation rounds until the batch is ready, then the other phases
+        once, in order; returns and logs its metrics (a metric of the generation phases
+        describes the first round)."""
+        it = IterationState(iteration)
         metrics: dict[str, float] = {}
         with self.timers.phase("all"):
-            for phase in self.phases:
-                start = time.perf_counter()
-                with self.timers.phase(phase.name):
-                    metrics.update(phase.run(self))
-                metrics.update(self.efficiency.after_phase(
-                    phase.name, time.perf_counter() - start))
+            while True:
+                it.batch_ready = True
+                for key, value in self._run_phases(self.round_phases, it).items():
+                    metrics.setdefault(key, value)
+                if it.batch_ready:
+                    break
+                it.generation_round += 1
+            metrics.update(self._run_phases(self.once_phases, it))
             metrics.update(self.efficiency.iteration())
             trace = self.flow.retire_all()
             if trace is not None:
@@ -175,6 +160,19 @@ class RLTrainer:
         metrics.update(self.timers.pop())
         metrics.update(self._throughput(metrics))
         self.logger.log(iteration, metrics)
+        return metrics
+
+    def _run_phases(self, phases, it: IterationState) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for phase in phases:
+            ctx = PhaseContext(config=self.config, plan=self.plan, roles=self.roles,
+                               train_data=self.train_data, tokenizer=self.tokenizer,
+                               vocab_size=self.arch.vocab_size, ranks=self.ranks,
+                               flow=BoundFlow(self.flow, phase.name), state=self.state, it=it)
+            start = time.perf_counter()
+            with self.timers.phase(phase.name):
+                metrics.update(phase.run(ctx))
+            metrics.update(self.efficiency.after_phase(phase.name, time.perf_counter() - start))
         return metrics
 
     def _write_trace(self, iteration: int, trace: dict[str, list[int]]) -> None:
@@ -205,7 +203,7 @@ class RLTrainer:
         """Greedy accuracy on the test prompts (the first verifier's score)."""
         mt, rl = self.config.megatron_training, self.config.rl_config
         items = list(self.test_data)[: mt.num_test_prompts or len(self.test_data)]
-        mine = items[self.gen_dp_rank::self.plan.layout.infer_data_parallel_size]
+        mine = items[self.ranks.gen_dp_rank::self.plan.layout.infer_data_parallel_size]
         self.roles.resharder.to_infer()
         greedy = dataclasses.replace(self.config.sampling_config, temperature=0.0, top_p=1.0,
                                      top_k=-1, min_p=0.0)
@@ -220,7 +218,7 @@ class RLTrainer:
             _, per = compute_rewards(texts, [p.answer for p in mine], rl.verifier_function[:1],
                                      [1.0])
             scores = per[rl.verifier_function[0]].tolist()
-        own = self.is_gen_writer  # TP_g peers generated the same texts
+        own = self.ranks.is_gen_writer  # TP_g peers generated the same texts
         total, count = global_sums([sum(scores) if own else 0.0, len(scores) if own else 0.0])
         self.last_eval_samples = list(zip([p.prompt_text for p in mine], texts))[:3]
         return {"eval/accuracy": total / max(count, 1.0), "eval/num_prompts": count}

@@ -1,0 +1,22 @@
+"""The names of an iteration's phases, defined once.
+
+A phase's name is its timer (``timing/<name>``), its TransferDock consumer, its name in
+the column contract (``mindspeed_rl/trainer/columns.py``) and, for a phase that runs
+megatron micro-batches, its key in the batch plan's ``micro_batching``
+(``mindspeed_rl/config/plan.py``). The algorithms are lists of these names
+(``mindspeed_rl/trainer/recipes.py``).
+"""
+
+RESHARDING_TO_INFER = "resharding_to_infer"
+ROLLOUT = "rollout"
+RESHARDING_TO_TRAIN = "resharding_to_train"
+REWARD_MODEL = "reward_model"
+REWARD = "reward"
+DYNAMIC_SAMPLING = "dynamic_sampling"
+ADV = "adv"
+VALUES = "values"
+OLD_LOG_P = "old_log_p"
+REFERENCE_MODEL = "reference_model"
+GAE = "gae"
+CRITIC_UPDATE = "critic_update"
+UPDATE = "update"

@@ -1,0 +1,114 @@
+"""What a phase receives: a small context, not the trainer.
+
+A phase is ``phase(ctx: PhaseContext) -> metrics``. The context holds the job's config
+and batch plan, the roles, the data, this rank's place in the two layouts, the sample
+flow bound to the phase's own name, the trainer's persistent counters and the
+iteration's mutable state. A phase changes nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from mindspeed_rl.algorithms import KLController
+from mindspeed_rl.transfer_dock import DockBatch
+
+
+@dataclass
+class TrainerState:
+    """What the trainer itself counts across iterations (models and data keep their own
+    state); saved in every checkpoint."""
+
+    iteration: int = 0  # iterations completed
+    groups_generated: int = 0  # prompts rolled out so far: the next group_id
+    kl_ctrl: KLController = field(default_factory=lambda: KLController(0.0))
+
+
+@dataclass
+class IterationState:
+    """One iteration's mutable state, shared by its phases.
+
+    Generation runs in rounds: the skeleton repeats the algorithm's round phases
+    (reshard, rollout, reward, ...) until the batch is ready. A round-closing phase (DAPO's
+    dynamic sampling) sets ``batch_ready = False`` to ask for another round on fresh
+    prompts and keeps what it needs between rounds in ``memo`` (by its name).
+    """
+
+    iteration: int
+    generation_round: int = 0
+    batch_ready: bool = True
+    memo: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This rank in the world and in the generation layout."""
+
+    rank: int
+    world: int
+    gen_dp_rank: int  # which vLLM instance
+    is_gen_writer: bool  # the first rank of its vLLM instance: it puts the rollout's rows
+
+
+class BoundFlow:
+    """The sample flow as one phase sees it: gets and puts under the phase's own name
+    (checked against the column contract by ``SampleFlow``)."""
+
+    def __init__(self, flow, phase: str) -> None:
+        self._flow, self.phase = flow, phase
+
+    def get(self, columns: Sequence[str], rows_per_dp_rank: int, layout: str, *,
+            consumer: str | None = None, whole_groups: bool = False) -> DockBatch | None:
+        return self._flow.get(self.phase, columns, rows_per_dp_rank, layout, consumer=consumer,
+                              whole_groups=whole_groups)
+
+    def put(self, batch: DockBatch | None, columns) -> None:
+        self._flow.put(self.phase, batch, columns)
+
+    def put_rows(self, columns, *, group_size: int) -> list[int]:
+        return self._flow.put_rows(self.phase, columns, group_size=group_size)
+
+    def carries(self, column: str) -> bool:
+        """Whether this algorithm's flow keeps ``column`` (some phase writes it and another
+        reads it)."""
+        return column in self._flow.active
+
+    def retire(self, rows: Sequence[int]) -> None:
+        self._flow.retire(rows)
+
+    def note(self, key: str, rows: Sequence[int]) -> None:
+        """Record ``rows`` under ``key`` in the sample-flow trace (when tracing)."""
+        if self._flow.trace is not None:
+            self._flow.trace[key] = list(rows)
+
+
+@dataclass(frozen=True)
+class PhaseContext:
+    """Everything a phase may read, and the two states it may change."""
+
+    config: Any  # RLJobConfig
+    plan: Any  # config.plan.Plan: layout and batch sizes
+    roles: Any  # trainer.roles.Roles
+    train_data: Any  # data.PromptDataset
+    tokenizer: Any
+    vocab_size: int
+    ranks: Ranks
+    flow: BoundFlow
+    state: TrainerState
+    it: IterationState
+    reward_pool: Any = None  # rewards.RewardPool: the verifiers' worker processes
+
+    @property
+    def rl(self):
+        return self.config.rl_config
+
+    @property
+    def batch(self):
+        """The batch plan: rows per DP rank, mini-batches, micro-batching per phase."""
+        return self.plan.batch
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature of the policy that generated the rows."""
+        return self.config.sampling_config.policy_temperature

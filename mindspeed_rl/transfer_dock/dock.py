@@ -87,7 +87,7 @@ class TransferDockTimeoutError(TransferDockError):
 
 
 class TransferDock:
-    """Distributed replay buffer: replicated metadata, per-rank warehouses, P2P data.
+    """Replay buffer of an iteration: replicated metadata, per-rank warehouses, P2P data.
 
     Args:
         group: the ranks that take part (default: the world). Every rank of the

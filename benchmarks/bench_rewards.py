@@ -7,9 +7,10 @@ doubling from 1 KB to ``--max-kb`` (default 64); a pattern whose call passes
 that backtracks (the numbers then show how the time grows).
 
 ``--part phase``: the reward phase of one batch, ``--responses`` (default 64) decoded
-responses of ``--tokens`` (default 2048) tokens each (math text of a reasoning model,
-about 4 characters a token, a boxed answer at the end, a few adversarial rows among
-them), scored with ``--verifiers`` through ``compute_rewards`` as the trainer calls it.
+responses of ``--tokens`` (default 2048) tokens each (step-by-step math text of a
+reasoning model, about 4 characters a token, a boxed answer at the end), scored with
+``--verifiers`` through ``compute_rewards`` as the trainer calls it, in a pool of
+``--workers`` processes (0: in this process, as before the pool).
 
 One JSON line on stdout::
 
@@ -144,18 +145,39 @@ def _response(rng: random.Random, tokens: int) -> str:
             f"$\\boxed{{{answer}}}$</answer>"), str(answer)
 
 
-def bench_phase(responses: int, tokens: int, verifiers: list[str], seed: int) -> dict:
-    """Seconds of ``compute_rewards`` on one batch, as ``reward()`` calls it."""
+def bench_phase(responses: int, tokens: int, verifiers: list[str], seed: int,
+                workers: int | None) -> dict:
+    """Seconds of ``compute_rewards`` on one batch, as ``reward()`` calls it: in this
+    process (``workers`` 0, or code without the pool) or in a pool of ``workers``
+    processes (None: the default for this machine), started and warmed up before."""
     from mindspeed_rl.rewards import compute_rewards
 
     rng = random.Random(seed)
     pairs = [_response(rng, tokens) for _ in range(responses)]
     texts, answers = [p[0] for p in pairs], [p[1] for p in pairs]
-    start = time.perf_counter()
-    total, _ = compute_rewards(texts, answers, verifiers, [1.0] * len(verifiers),
-                               row_labels=[f"bench row {i}" for i in range(responses)])
-    seconds = time.perf_counter() - start
+    pool, started = None, time.perf_counter()
+    if workers != 0:
+        from mindspeed_rl.rewards.pool import RewardLimits, RewardPool, default_workers
+
+        workers = workers or default_workers()
+        pool = RewardPool(workers, RewardLimits(), verifiers)
+    # Warm-up (first calls import and compile lazily); the job starts its pool once, long
+    # before the rewards.
+    warm = max(workers or 1, 1)
+    compute_rewards(["1"] * warm, ["1"] * warm, verifiers, [1.0] * len(verifiers),
+                    **({"pool": pool} if pool is not None else {}))
+    start_s = time.perf_counter() - started
+    try:
+        start = time.perf_counter()
+        total, _ = compute_rewards(texts, answers, verifiers, [1.0] * len(verifiers),
+                                   row_labels=[f"bench row {i}" for i in range(responses)],
+                                   **({"pool": pool} if pool is not None else {}))
+        seconds = time.perf_counter() - start
+    finally:
+        if pool is not None:
+            pool.close()
     return {"responses": responses, "tokens_per_response": tokens, "verifiers": verifiers,
+            "workers": workers or 0, "pool_start_s": round(start_s, 3),
             "characters": sum(map(len, texts)), "seconds": round(seconds, 3),
             "mean_reward": round(float(total.mean()), 4)}
 
@@ -168,6 +190,9 @@ def main(argv=None) -> None:
     p.add_argument("--responses", type=int, default=64)
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--verifiers", default="math_answer,final_answer_format")
+    p.add_argument("--workers", type=int, default=None,
+                   help="reward worker processes for --part phase; 0 = in this process "
+                        "(default: the pool's default for this machine)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     with stdout_reserved_for_json() as emit:
@@ -176,7 +201,7 @@ def main(argv=None) -> None:
             result["patterns"] = bench_patterns(args.max_kb, args.give_up_s)
         if args.part in ("phase", "all"):
             result["phase"] = bench_phase(args.responses, args.tokens,
-                                          args.verifiers.split(","), args.seed)
+                                          args.verifiers.split(","), args.seed, args.workers)
         emit(result)
 
 

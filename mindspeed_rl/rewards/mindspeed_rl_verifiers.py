@@ -175,7 +175,7 @@ def minerva_normalise(text: str) -> str:
     return text.strip()
 
 
-@register_verifier("acc_for_dapo")
+@register_verifier("acc_for_dapo", failed_score=-1.0)
 def acc_for_dapo(response: str, answer: str) -> float:
     """1.0 when the last "Answer: X" (last 300 characters) matches after Minerva
     normalisation, else -1.0."""
@@ -202,7 +202,7 @@ def _last_box(text: str) -> str | None:
     return None
 
 
-@register_verifier("retool_reward")
+@register_verifier("retool_reward", failed_score=-1.0)
 def retool_reward(response: str, answer: str) -> float:
     """1.0 when the last box of the last 100 characters is exactly the answer, else -1.0."""
     if not isinstance(response, str):
@@ -210,7 +210,7 @@ def retool_reward(response: str, answer: str) -> float:
     return 1.0 if _last_box(response[-100:]) == str(answer) else -1.0
 
 
-@register_verifier("acc")
+@register_verifier("acc", failed_score=-1.0)
 def acc(response: str, answer: str) -> float:
     """1.0 right, -0.5 wrong, -1.0 without a boxed answer (see the module table)."""
     if not isinstance(response, str):
@@ -272,7 +272,7 @@ def _strict_structure(text: str) -> bool:
             and text.endswith("</answer>"))
 
 
-@register_verifier("strict_format")
+@register_verifier("strict_format", failed_score=-0.5)
 def strict_format(response: str, answer: str) -> float:
     """1.0 for the exact think/answer/boxed structure, else -0.5."""
     del answer

@@ -153,7 +153,8 @@ def reward(t) -> dict[str, float]:
         items = [t.train_data[int(i)] for i in batch["prompt_index"]]
         total, per_verifier = compute_rewards(
             texts, [item.answer for item in items], rl.verifier_function, rl.verifier_weight,
-            row_labels=[f"{item.source_file} row {item.source_row}" for item in items])
+            row_labels=[f"{item.source_file} row {item.source_row}" for item in items],
+            pool=t.reward_pool)
         if "rm_scores" in columns:
             total = total + t.config.reward_config.weight * torch.stack(batch["rm_scores"])
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
@@ -176,6 +177,9 @@ def reward(t) -> dict[str, float]:
     for name in rl.verifier_function:
         scores = per_verifier[name].tolist() if writer else []
         metrics[f"reward/{name}"] = global_stats("v", scores, writer)["v/mean"]
+    # Verifier calls that ran past their time limit or raised (scored as failed, logged).
+    failed = t.reward_pool.take_counts() if t.reward_pool is not None else (0, 0)
+    metrics["reward/timeouts"], metrics["reward/errors"] = global_sums(list(map(float, failed)))
     metrics["response/truncated_fraction"] = global_stats("f", truncated, writer)["f/mean"]
     if rl.overlong_buffer_len:
         metrics["reward/overlong_penalty"] = global_stats("p", overlong, writer)["p/mean"]

@@ -60,7 +60,28 @@ def get_verifier(name: str) -> Verifier:
 
 
 class NonFiniteRewardError(ValueError):
-    """A verifier returned NaN or +-inf; the message names the verifier and the row."""
+    """A verifier or the reward model returned NaN or +-inf; the message names which, and
+    the row."""
+
+
+def check_finite_scores(scores: "torch.Tensor", source: str, fix: str,
+                        responses: Sequence[str], answers: Sequence[str | None],
+                        row_labels: Sequence[str] | None = None) -> None:
+    """Raise :class:`NonFiniteRewardError` naming ``source``, the first row whose score is
+    NaN/inf, and ``fix``: a bad number never reaches the advantages.
+
+    scores: [N], one per response.
+    """
+    import torch
+
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        row = row_labels[i] if row_labels is not None else f"response {i} of the batch"
+        raise NonFiniteRewardError(
+            f"{source} returned {scores[i].item()} for {row} (answer {answers[i]!r}, response "
+            f"{responses[i][:60]!r}); rewards must be finite numbers: {fix} ({len(bad)} of "
+            f"{len(scores)} rows are affected)")
 
 
 def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
@@ -99,14 +120,8 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
                               [float(fn(response, answer))
                                for response, answer in zip(responses, answers)],
                               dtype=torch.float32)  # [N]
-        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-        if bad:
-            i = bad[0]
-            row = row_labels[i] if row_labels is not None else f"response {i} of the batch"
-            raise NonFiniteRewardError(
-                f"verifier {name!r} returned {scores[i].item()} for {row} (answer "
-                f"{answers[i]!r}, response {responses[i][:60]!r}); rewards must be finite "
-                f"numbers: fix the verifier ({len(bad)} of {len(scores)} rows are affected)")
+        check_finite_scores(scores, f"verifier {name!r}", "fix the verifier", responses,
+                            answers, row_labels)
         per_verifier[name] = scores
         total += float(weight) * scores
     return total, per_verifier

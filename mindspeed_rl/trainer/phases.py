@@ -18,7 +18,7 @@ from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages
                                      groups_with_reward_spread, kl_penalty, overlong_penalty,
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
 from mindspeed_rl.data import slice_per_dp_rank
-from mindspeed_rl.rewards import compute_rewards
+from mindspeed_rl.rewards import check_finite_scores, compute_rewards
 from mindspeed_rl.trainer.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.critic import forward_scores, forward_values
@@ -151,11 +151,16 @@ def reward(t) -> dict[str, float]:
     if batch is not None:
         texts = [t.tokenizer.decode(r, skip_special_tokens=True) for r in batch["response_ids"]]
         items = [t.train_data[int(i)] for i in batch["prompt_index"]]
-        total, per_verifier = compute_rewards(
-            texts, [item.answer for item in items], rl.verifier_function, rl.verifier_weight,
-            row_labels=[f"{item.source_file} row {item.source_row}" for item in items])
+        answers, rows = ([item.answer for item in items],
+                         [f"{item.source_file} row {item.source_row}" for item in items])
+        total, per_verifier = compute_rewards(texts, answers, rl.verifier_function,
+                                              rl.verifier_weight, row_labels=rows,
+                                              pool=t.reward_pool)
         if "rm_scores" in columns:
-            total = total + t.config.reward_config.weight * torch.stack(batch["rm_scores"])
+            rm_scores = torch.stack(batch["rm_scores"])
+            check_finite_scores(rm_scores, "the reward model", "check its weights "
+                                "(reward_config.load) and dtype", texts, answers, rows)
+            total = total + t.config.reward_config.weight * rm_scores
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
             penalty = overlong_penalty(
                 torch.tensor([len(r) for r in batch["response_ids"]]),
@@ -176,6 +181,9 @@ def reward(t) -> dict[str, float]:
     for name in rl.verifier_function:
         scores = per_verifier[name].tolist() if writer else []
         metrics[f"reward/{name}"] = global_stats("v", scores, writer)["v/mean"]
+    # Verifier calls that ran past their time limit or raised (scored as failed, logged).
+    failed = t.reward_pool.take_counts() if t.reward_pool is not None else (0, 0)
+    metrics["reward/timeouts"], metrics["reward/errors"] = global_sums(list(map(float, failed)))
     metrics["response/truncated_fraction"] = global_stats("f", truncated, writer)["f/mean"]
     if rl.overlong_buffer_len:
         metrics["reward/overlong_penalty"] = global_stats("p", overlong, writer)["p/mean"]

@@ -81,6 +81,9 @@ def assert_one_line_error(err: str, *fragments: str) -> str:
     ("rl_config.collective_timeout_s", 0, "must be greater than 0"),
     ("rl_config.max_consecutive_skipped_steps", -1, "must be greater than 0"),
     ("actor_config.lr", -1e-5, "must be greater than 0"),
+    ("rl_config.reward_timeout_s", 0, "must be greater than 0"),
+    ("rl_config.reward_workers", -1, "must not be negative"),
+    ("rl_config.reward_batch_timeout_s", 1800, "is not below rl_config.collective_timeout_s=1800"),
 ])
 def test_out_of_range_value(assets, key, value, problem):
     message = config_error(assets, **{key: value})

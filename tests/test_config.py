@@ -315,6 +315,18 @@ def test_duplicate_key(job, tmp_path):
     assert "'rl_config' is written twice" in error_of(load_config, path)
 
 
+def test_non_utf8_yaml_names_the_file_and_the_byte(job):
+    path = job()
+    text = path.read_bytes()
+    offset = text.index(b"rl_config")
+    path.write_bytes(text[:offset] + b"# caf\xe9 (Latin-1)\n" + text[offset:])
+    message = error_of(load_config, path)
+    line = text[:offset].count(b"\n") + 1
+    assert message.startswith(f"{path}: not UTF-8 text: byte 0xe9 at byte offset {offset + 5} "
+                              f"(line {line}, byte 6 of the line)")
+    assert message.endswith("save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
 def test_wrong_type(job):
     message = error_of(load_config, job(megatron_training={"global_batch_size": "four"}))
     assert message.startswith("megatron_training.global_batch_size='four': expected an integer")

@@ -26,7 +26,7 @@ REQUIRED_KEYS = [
     "throughput/rollout_tokens_per_s_per_device", "reward/mean", "response_length/mean",
     "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
     "actor/lr", "rollout/logprob_abs_diff_mean", "rollout/logprob_abs_diff_max",
-    "response/truncated_fraction", "transfer_dock/collectives",
+    "response/truncated_fraction", "transfer_dock/collectives", "reward/timeouts", "reward/errors",
 ]
 
 
@@ -67,6 +67,7 @@ def test_grpo_iterations_complete_with_all_metrics(assets, layout):
             assert row[k] is not None and math.isfinite(row[k]), (it, k, row[k])
         assert row["actor/grad_norm"] > 0 and row["actor/entropy"] > 0
         assert row["response_length/mean"] > 0 and row["timing/all"] > 0
+        assert row["reward/timeouts"] == row["reward/errors"] == 0  # rewards in worker processes
     # the reference is the initial policy: no KL before the first update, some after
     assert train[1]["actor/kl_loss"] < train[3]["actor/kl_loss"]
     if "rl_config.mini_batch_size=4" in layout:  # one step per iteration: the first sees none

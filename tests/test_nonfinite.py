@@ -134,6 +134,22 @@ def test_nan_reward_names_the_verifier_and_the_row():
     assert total.tolist() == [1.0]
 
 
+def test_nan_reward_model_score_names_the_row():
+    """The reward phase checks the reward model's scores as it checks the verifiers'."""
+    from mindspeed_rl.rewards import NonFiniteRewardError, check_finite_scores
+
+    with pytest.raises(NonFiniteRewardError) as e:
+        check_finite_scores(torch.tensor([0.5, float("nan"), float("-inf")]), "the reward model",
+                            "check its weights (reward_config.load) and dtype", ["a", "b", "c"],
+                            ["3", "7", "7"], ["train.jsonl row 4", "train.jsonl row 9",
+                                              "train.jsonl row 9"])
+    assert str(e.value) == (
+        "the reward model returned nan for train.jsonl row 9 (answer '7', response 'b'); rewards "
+        "must be finite numbers: check its weights (reward_config.load) and dtype (2 of 3 rows "
+        "are affected)")
+    check_finite_scores(torch.tensor([0.5, -3.0]), "the reward model", "", ["a", "b"], ["1", "2"])
+
+
 def test_nonfinite_rollout_logprobs_are_caught():
     from mindspeed_rl.fault.nonfinite import NonFiniteError
     from mindspeed_rl.rollout.engine import Completion, RolloutResult, check_finite_logprobs

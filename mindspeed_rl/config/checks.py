@@ -34,6 +34,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_training_features(config)
     _check_generation_features(config)
     _check_verifiers(config)
+    _check_reward_limits(config)
 
 
 def _check_model(config: RLJobConfig) -> None:
@@ -83,6 +84,8 @@ def _check_ranges(config: RLJobConfig) -> None:
         "rl_config.ref_forward_micro_batch_size": rl.ref_forward_micro_batch_size,
         "rl_config.transfer_dock_timeout_s": rl.transfer_dock_timeout_s,
         "rl_config.collective_timeout_s": rl.collective_timeout_s,
+        "rl_config.reward_timeout_s": rl.reward_timeout_s,
+        "rl_config.reward_batch_timeout_s": rl.reward_batch_timeout_s,
         "rl_config.max_consecutive_skipped_steps": rl.max_consecutive_skipped_steps,
         "generate_config.infer_tensor_parallel_size": gen.infer_tensor_parallel_size,
         "generate_config.max_num_seqs": gen.max_num_seqs,
@@ -408,6 +411,20 @@ def _check_verifiers(config: RLJobConfig) -> None:
                           f"unknown verifier(s) {unknown}",
                           f"registered verifiers are {known}",
                           value=list(config.rl_config.verifier_function))
+
+
+def _check_reward_limits(config: RLJobConfig) -> None:
+    rl = config.rl_config
+    _require(rl.reward_workers is None or rl.reward_workers >= 0, "rl_config.reward_workers",
+             rl.reward_workers, "must not be negative",
+             "use 0 (score in the training process), a number of processes, or null (auto)")
+    # The other ranks wait for this rank's rewards in the next collective.
+    _require(rl.reward_batch_timeout_s is None
+             or rl.reward_batch_timeout_s < rl.collective_timeout_s,
+             "rl_config.reward_batch_timeout_s", rl.reward_batch_timeout_s,
+             f"is not below rl_config.collective_timeout_s={rl.collective_timeout_s} (the other "
+             "ranks would give up on this one first)",
+             "lower it, or set null (half of collective_timeout_s)")
 
 
 def _indexed_prefix(path: str) -> bool:

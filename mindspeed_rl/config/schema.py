@@ -226,6 +226,22 @@ class RLConfig:
         "vLLM's groups) waits for a rank that does not arrive; then every other rank stops with "
         "a one-line error naming the phase. Must exceed the longest imbalance between ranks "
         "(e.g. the rollout's long tail)"))
+    reward_workers: int | None = setting(None, (
+        "processes that run the rule verifiers (model output is untrusted input: a call that "
+        "hangs is killed there); null = this rank's share of the node's CPU cores, at most 8; "
+        "0 = in the training process, without time limits"))
+    reward_timeout_s: float = setting(10.0, (
+        "seconds one verifier call on one response may take in a reward worker; then the "
+        "worker is killed and replaced, the call scores reward_failed_score and counts in "
+        "reward/timeouts"))
+    reward_batch_timeout_s: float | None = setting(None, (
+        "seconds the rewards of one rank's batch may take; calls unfinished then score "
+        "reward_failed_score and count in reward/timeouts; null = half of "
+        "collective_timeout_s; must be below collective_timeout_s"))
+    reward_failed_score: float | None = setting(None, (
+        "score of a verifier call that timed out or raised (reward/errors); null = the "
+        "verifier's lowest score (0 for most, -1 for acc_for_dapo, retool_reward and acc, "
+        "-0.5 for strict_format), so output that breaks a verifier never beats a wrong answer"))
     max_consecutive_skipped_steps: int = setting(3, (
         "optimizer steps skipped in a row for NaN/Inf in the loss or the gradients before the "
         "run stops (each skip leaves the weights unchanged and counts in actor/skipped_steps)"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,21 @@ def read_yaml_file(path: Path, key: str) -> Any:
     if not path.is_file():
         raise ConfigError(key, f"file not found: {path}", "check the path (relative paths are "
                           "resolved against the current working directory)", value=str(path))
+    data = path.read_bytes()
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.load(f, Loader=_ConfigYamlLoader)
+        # Decoded here, not by the YAML reader: its error offsets count from a chunk.
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(None, f"{path}: not UTF-8 text: byte 0x{data[e.start]:02x} at byte "
+                          f"offset {e.start} (line {line}, byte {column} of the line) is not "
+                          "valid UTF-8", "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                          ) from None
+    stream = io.StringIO(text)
+    stream.name = str(path)  # the file YAML's error marks name
+    try:
+        return yaml.load(stream, Loader=_ConfigYamlLoader)
     except _DuplicateKey as e:
         raise ConfigError(None, f"{path}:{e.line}: key {e.key!r} is written twice in one mapping",
                           "keep one of them") from None

@@ -8,16 +8,22 @@ Registered verifiers:
   ``base_acc``, ``math_verify_reward``, ``acc_for_dapo``, ``retool_reward``, ``acc``,
   ``format`` (the ``<think>``/``<answer>`` tags), ``strict_format``, ``step``
   (`mindspeed_rl.rewards.mindspeed_rl_verifiers`).
+
+In a job every call runs in a worker process with a time limit
+(`mindspeed_rl.rewards.pool`, ``rl_config.reward_workers``).
 """
 
 # Importing the modules registers their verifiers.
 from mindspeed_rl.rewards import final_answer, math_verify_reward, mindspeed_rl_verifiers  # noqa: F401
 from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_final_number,
                                                has_final_answer_format)
-from mindspeed_rl.rewards.registry import (NonFiniteRewardError, compute_rewards, get_verifier,
-                                           register_verifier, registered_verifiers)
+from mindspeed_rl.rewards.pool import RewardLimits, RewardPool, RewardPoolError, reward_pool_for
+from mindspeed_rl.rewards.registry import (NonFiniteRewardError, check_finite_scores,
+                                           compute_rewards, get_verifier, register_verifier,
+                                           registered_verifiers)
 
 __all__ = [
-    "NonFiniteRewardError", "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",
-    "has_final_answer_format", "register_verifier", "registered_verifiers",
+    "NonFiniteRewardError", "check_finite_scores", "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",
+    "has_final_answer_format", "register_verifier", "registered_verifiers", "RewardLimits",
+    "RewardPool", "RewardPoolError", "reward_pool_for",
 ]

@@ -48,16 +48,44 @@ from mindspeed_rl.rewards.registry import register_verifier
 
 logger = logging.getLogger(__name__)
 
-# <think> ... </think> ... <answer> ... \boxed{...} ... </answer>, the whole response.
-_THINK_ANSWER_BOXED = re.compile(r"<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>",
-                                 re.DOTALL)
-# format: from the start, a think block, blanks, an answer block ending a line.
-_THINK_THEN_ANSWER = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$",
-                                re.DOTALL | re.MULTILINE)
+# Shapes of a whole response are checked with str.find, not with the regexes that state
+# them (r"<think>.*</think>.*<answer>.*\\boxed\{.*\}.*</answer>" as a fullmatch, and
+# r"^<think>.*?</think>\s*<answer>.*?</answer>$" with DOTALL | MULTILINE): on model output
+# those backtrack polynomially (seconds on 2 KB of repeated tags); the finds are linear.
+_THINK_CLOSE_THEN_ANSWER = re.compile(r"</think>\s*+<answer>")
+_ANSWER_CLOSE_ENDING_A_LINE = re.compile(r"</answer>(?=\n|\Z)")
 _STEP_MARKERS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
 _ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 _STOP_WORDS = ("</s>", "<|im_end|>", "<|endoftext|>")
 _ASSISTANT_TURN = re.compile(r"^.*?<\|im_start\|>assistant", re.DOTALL)
+
+
+def _has_think_answer_boxed_shape(text: str) -> bool:
+    """Whether ``text`` is ``<think>…</think>…<answer>…\\boxed{…}…</answer>`` (any text at
+    the dots, newlines included), the whole text.
+
+    Each tag is taken at its earliest place after the previous one, which leaves the most
+    room for the rest, so one left-to-right pass decides it.
+    """
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return False
+    pos = len("<think>")
+    for part in ("</think>", "<answer>", "\\boxed{", "}"):
+        found = text.find(part, pos)
+        if found < 0:
+            return False
+        pos = found + len(part)
+    return pos <= len(text) - len("</answer>")
+
+
+def _has_think_then_answer(text: str) -> bool:
+    """Whether ``text`` starts with ``<think>``, has a ``</think>`` followed (after blanks)
+    by ``<answer>``, and after that an ``</answer>`` that ends a line."""
+    if not text.startswith("<think>"):
+        return False
+    # The earliest </think><answer> pair leaves the most room for the closing tag.
+    opened = _THINK_CLOSE_THEN_ANSWER.search(text, len("<think>"))
+    return opened is not None and _ANSWER_CLOSE_ENDING_A_LINE.search(text, opened.end()) is not None
 
 
 def _mathruler():
@@ -90,7 +118,7 @@ def acc_for_ppo(response: str, answer: str) -> float:
 @register_verifier("base_acc")
 def base_acc(response: str, answer: str) -> float:
     """1.0 when the response has the think/answer/boxed shape and its box is right."""
-    if not isinstance(response, str) or not _THINK_ANSWER_BOXED.fullmatch(response):
+    if not isinstance(response, str) or not _has_think_answer_boxed_shape(response):
         return 0.0
     return 1.0 if _boxed_equals(response, answer) else 0.0
 
@@ -98,7 +126,7 @@ def base_acc(response: str, answer: str) -> float:
 @register_verifier("math_verify_reward")
 def math_verify_reward(response: str, answer: str) -> float:
     """Shape as in ``base_acc``, then math-verify against ``\\boxed{answer}``."""
-    if not isinstance(response, str) or not _THINK_ANSWER_BOXED.fullmatch(response):
+    if not isinstance(response, str) or not _has_think_answer_boxed_shape(response):
         return 0.0
     from math_verify.errors import TimeoutException
     from math_verify.metric import math_metric
@@ -147,7 +175,7 @@ def minerva_normalise(text: str) -> str:
     return text.strip()
 
 
-@register_verifier("acc_for_dapo")
+@register_verifier("acc_for_dapo", failed_score=-1.0)
 def acc_for_dapo(response: str, answer: str) -> float:
     """1.0 when the last "Answer: X" (last 300 characters) matches after Minerva
     normalisation, else -1.0."""
@@ -174,7 +202,7 @@ def _last_box(text: str) -> str | None:
     return None
 
 
-@register_verifier("retool_reward")
+@register_verifier("retool_reward", failed_score=-1.0)
 def retool_reward(response: str, answer: str) -> float:
     """1.0 when the last box of the last 100 characters is exactly the answer, else -1.0."""
     if not isinstance(response, str):
@@ -182,7 +210,7 @@ def retool_reward(response: str, answer: str) -> float:
     return 1.0 if _last_box(response[-100:]) == str(answer) else -1.0
 
 
-@register_verifier("acc")
+@register_verifier("acc", failed_score=-1.0)
 def acc(response: str, answer: str) -> float:
     """1.0 right, -0.5 wrong, -1.0 without a boxed answer (see the module table)."""
     if not isinstance(response, str):
@@ -200,7 +228,33 @@ def acc(response: str, answer: str) -> float:
 def think_answer_format(response: str, answer: str) -> float:
     """1.0 for ``<think>...</think>`` then ``<answer>...</answer>``, else 0.0."""
     del answer
-    return 1.0 if isinstance(response, str) and _THINK_THEN_ANSWER.match(response) else 0.0
+    return 1.0 if isinstance(response, str) and _has_think_then_answer(response) else 0.0
+
+
+def _boxes_closed_on_their_line(text: str, limit: int) -> list[int]:
+    """Starts of the first ``limit`` matches of the regex ``\\\\boxed\\{.*?\\}`` (a box whose
+    ``}`` is on its line), found as ``re.finditer`` would find them.
+
+    The regex itself rescans a line from every unclosed ``\\boxed{`` on it (quadratic);
+    here a box without ``}`` before the line's end skips the rest of that line, since
+    every later box on it fails the same way.
+    """
+    starts: list[int] = []
+    pos, line_end = 0, -1
+    while len(starts) < limit:
+        start = text.find("\\boxed{", pos)
+        if start < 0:
+            break
+        if start > line_end:  # a new line: find its end once
+            line_end = text.find("\n", start)
+            line_end = len(text) if line_end < 0 else line_end
+        close = text.find("}", start + len("\\boxed{"), line_end)
+        if close < 0:
+            pos = line_end + 1
+            continue
+        starts.append(start)
+        pos = close + 1
+    return starts
 
 
 def _strict_structure(text: str) -> bool:
@@ -209,16 +263,16 @@ def _strict_structure(text: str) -> bool:
         if text.count(tag) != 1:
             return False
         positions[tag] = text.find(tag)
-    boxes = list(re.finditer(r"\\boxed\{.*?\}", text))
+    boxes = _boxes_closed_on_their_line(text, limit=2)
     if len(boxes) != 1:
         return False
-    box = boxes[0].start()
+    box = boxes[0]
     return (positions["<think>"] < positions["</think>"] < positions["<answer>"] < box
             < positions["</answer>"] and text.startswith("<think>")
             and text.endswith("</answer>"))
 
 
-@register_verifier("strict_format")
+@register_verifier("strict_format", failed_score=-0.5)
 def strict_format(response: str, answer: str) -> float:
     """1.0 for the exact think/answer/boxed structure, else -0.5."""
     del answer

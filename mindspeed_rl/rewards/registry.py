@@ -14,20 +14,35 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from mindspeed_rl.rewards.pool import RewardPool
+
 Verifier = Callable[[str, str], float]
 
 _VERIFIERS: dict[str, Verifier] = {}
+_FAILED_SCORES: dict[str, float] = {}
 
 
-def register_verifier(name: str) -> Callable[[Verifier], Verifier]:
-    """Decorator: make ``fn`` available as ``rl_config.verifier_function: [name]``."""
+def register_verifier(name: str, *, failed_score: float = 0.0
+                      ) -> Callable[[Verifier], Verifier]:
+    """Decorator: make ``fn`` available as ``rl_config.verifier_function: [name]``.
+
+    failed_score: the verifier's lowest score, given to a call that timed out or raised
+    in a reward worker (unless rl_config.reward_failed_score sets one for all).
+    """
     def register(fn: Verifier) -> Verifier:
         if name in _VERIFIERS and _VERIFIERS[name] is not fn:
             raise ValueError(f"verifier {name!r} is already registered "
                              f"({_VERIFIERS[name].__module__}.{_VERIFIERS[name].__name__})")
         _VERIFIERS[name] = fn
+        _FAILED_SCORES[name] = float(failed_score)
         return fn
     return register
+
+
+def failed_score(name: str) -> float:
+    """The score of a call of verifier ``name`` that timed out or raised."""
+    get_verifier(name)
+    return _FAILED_SCORES[name]
 
 
 def registered_verifiers() -> list[str]:
@@ -45,12 +60,33 @@ def get_verifier(name: str) -> Verifier:
 
 
 class NonFiniteRewardError(ValueError):
-    """A verifier returned NaN or +-inf; the message names the verifier and the row."""
+    """A verifier or the reward model returned NaN or +-inf; the message names which, and
+    the row."""
+
+
+def check_finite_scores(scores: "torch.Tensor", source: str, fix: str,
+                        responses: Sequence[str], answers: Sequence[str | None],
+                        row_labels: Sequence[str] | None = None) -> None:
+    """Raise :class:`NonFiniteRewardError` naming ``source``, the first row whose score is
+    NaN/inf, and ``fix``: a bad number never reaches the advantages.
+
+    scores: [N], one per response.
+    """
+    import torch
+
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        row = row_labels[i] if row_labels is not None else f"response {i} of the batch"
+        raise NonFiniteRewardError(
+            f"{source} returned {scores[i].item()} for {row} (answer {answers[i]!r}, response "
+            f"{responses[i][:60]!r}); rewards must be finite numbers: {fix} ({len(bad)} of "
+            f"{len(scores)} rows are affected)")
 
 
 def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
                     verifier_names: Sequence[str], verifier_weights: Sequence[float],
-                    row_labels: Sequence[str] | None = None,
+                    row_labels: Sequence[str] | None = None, pool: "RewardPool | None" = None,
                     ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
     """Score each response with every named verifier and combine them.
 
@@ -61,6 +97,9 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
     row_labels: where each response comes from (e.g. "train.jsonl row 7 sample 2"),
     named when a verifier returns NaN/inf (:class:`NonFiniteRewardError`): a bad
     number never reaches the advantages.
+    pool: the job's :class:`~mindspeed_rl.rewards.pool.RewardPool`; each call then runs in
+    a worker process within the pool's time limits (a call that times out or raises
+    scores the verifier's failed score, see ``RewardPool.score``). None: in this process.
     returns: (total [N] float32, {verifier name: [N] float32 unweighted scores}).
     """
     if len(responses) != len(answers):
@@ -74,18 +113,15 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
     verifiers = [get_verifier(name) for name in verifier_names]  # fail before scoring anything
     total = torch.zeros(len(responses), dtype=torch.float32)
     per_verifier: dict[str, torch.Tensor] = {}
+    in_pool = (pool.score(verifier_names, responses, answers, row_labels)[0]
+               if pool is not None else None)
     for name, fn, weight in zip(verifier_names, verifiers, verifier_weights):
-        scores = torch.tensor([float(fn(response, answer))
+        scores = torch.tensor(in_pool[name] if in_pool is not None else
+                              [float(fn(response, answer))
                                for response, answer in zip(responses, answers)],
                               dtype=torch.float32)  # [N]
-        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-        if bad:
-            i = bad[0]
-            row = row_labels[i] if row_labels is not None else f"response {i} of the batch"
-            raise NonFiniteRewardError(
-                f"verifier {name!r} returned {scores[i].item()} for {row} (answer "
-                f"{answers[i]!r}, response {responses[i][:60]!r}); rewards must be finite "
-                f"numbers: fix the verifier ({len(bad)} of {len(scores)} rows are affected)")
+        check_finite_scores(scores, f"verifier {name!r}", "fix the verifier", responses,
+                            answers, row_labels)
         per_verifier[name] = scores
         total += float(weight) * scores
     return total, per_verifier

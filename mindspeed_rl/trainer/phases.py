@@ -21,7 +21,7 @@ from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.config import phase_names as names
-from mindspeed_rl.rewards import compute_rewards
+from mindspeed_rl.rewards import check_finite_scores, compute_rewards
 from mindspeed_rl.trainer.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
@@ -156,11 +156,16 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
         texts = [ctx.tokenizer.decode(r, skip_special_tokens=True)
                  for r in batch["response_ids"]]
         items = [ctx.train_data[int(i)] for i in batch["prompt_index"]]
-        total, per_verifier = compute_rewards(
-            texts, [item.answer for item in items], rl.verifier_function, rl.verifier_weight,
-            row_labels=[f"{item.source_file} row {item.source_row}" for item in items])
+        answers, rows = ([item.answer for item in items],
+                         [f"{item.source_file} row {item.source_row}" for item in items])
+        total, per_verifier = compute_rewards(texts, answers, rl.verifier_function,
+                                              rl.verifier_weight, row_labels=rows,
+                                              pool=ctx.reward_pool)
         if "rm_scores" in columns:
-            total = total + ctx.config.reward_config.weight * torch.stack(batch["rm_scores"])
+            rm_scores = torch.stack(batch["rm_scores"])
+            check_finite_scores(rm_scores, "the reward model", "check its weights "
+                                "(reward_config.load) and dtype", texts, answers, rows)
+            total = total + ctx.config.reward_config.weight * rm_scores
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
             penalty = overlong_penalty(
                 torch.tensor([len(r) for r in batch["response_ids"]]),
@@ -181,6 +186,9 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
     for name in rl.verifier_function:
         scores = per_verifier[name].tolist() if writer else []
         metrics[f"reward/{name}"] = global_stats("v", scores, writer)["v/mean"]
+    # Verifier calls that ran past their time limit or raised (scored as failed, logged).
+    failed = ctx.reward_pool.take_counts() if ctx.reward_pool is not None else (0, 0)
+    metrics["reward/timeouts"], metrics["reward/errors"] = global_sums(list(map(float, failed)))
     metrics["response/truncated_fraction"] = global_stats("f", truncated, writer)["f/mean"]
     if rl.overlong_buffer_len:
         metrics["reward/overlong_penalty"] = global_stats("p", overlong, writer)["p/mean"]

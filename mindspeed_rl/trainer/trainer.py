@@ -44,6 +44,12 @@ class RLTrainer:
         self.config, self.plan, self.platform = config, plan, platform
         mt, rl, ac = config.megatron_training, config.rl_config, config.actor_config
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # Verifier calls run in worker processes within time limits: started once per job,
+        # first, so that they import while the models load; ended in close() (the
+        # launcher's teardown).
+        from mindspeed_rl.rewards import reward_pool_for
+
+        self.reward_pool = reward_pool_for(rl)
         self.model_dir, self.tokenizer, self.arch = _model(config)
         self.train_data, self.test_data = _datasets(config, self.tokenizer)
         initialize_megatron_parallel(plan.layout, seed=mt.seed)
@@ -168,7 +174,8 @@ class RLTrainer:
             ctx = PhaseContext(config=self.config, plan=self.plan, roles=self.roles,
                                train_data=self.train_data, tokenizer=self.tokenizer,
                                vocab_size=self.arch.vocab_size, ranks=self.ranks,
-                               flow=BoundFlow(self.flow, phase.name), state=self.state, it=it)
+                               flow=BoundFlow(self.flow, phase.name), state=self.state, it=it,
+                               reward_pool=self.reward_pool)
             start = time.perf_counter()
             with self.timers.phase(phase.name):
                 metrics.update(phase.run(ctx))
@@ -216,7 +223,7 @@ class RLTrainer:
         scores = []
         if mine and rl.verifier_function:
             _, per = compute_rewards(texts, [p.answer for p in mine], rl.verifier_function[:1],
-                                     [1.0])
+                                     [1.0], pool=self.reward_pool)
             scores = per[rl.verifier_function[0]].tolist()
         own = self.ranks.is_gen_writer  # TP_g peers generated the same texts
         total, count = global_sums([sum(scores) if own else 0.0, len(scores) if own else 0.0])
@@ -266,6 +273,8 @@ class RLTrainer:
         self.flow.dock.warehouse.load_state_dict(cells or {})
 
     def close(self) -> None:
+        if getattr(self, "reward_pool", None) is not None:
+            self.reward_pool.close()
         self.roles.shutdown()
         self.logger.close()
 

@@ -1,12 +1,13 @@
 """Centralized mode: the classic single replay buffer on rank 0 (ablation baseline).
 
-Same API and the same replicated control as :class:`TransferDock` — so both
-modes deliver identical batches — but every cell lives on dock rank 0: every
-put (results included) hands the cells to rank 0, every get is served from rank
-0, and consumers keep nothing. It uses the same packed ``all_to_all_single``
-transport, so the difference measured against the distributed mode is the
-topology (everything through one rank, two hops per cell), not the
-serialisation. Select it with ``rl_config.transfer_dock_mode: centralized``.
+Same API and the same replicated control as the distributed mode
+(``distributed.py``) — so both modes deliver identical batches — but every cell
+lives on dock rank 0: every put (results included) hands the cells to rank 0,
+every get is served from rank 0, and consumers keep nothing. It uses the same
+packed ``all_to_all_single`` transport, so the difference measured against the
+distributed mode is the topology (everything through one rank, two hops per
+cell), not the serialisation. Select it with ``rl_config.transfer_dock_mode:
+centralized``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,7 @@ class CentralizedTransferDock(TransferDock):
 
     mode = "centralized"
 
-    keeps_copies = False  # consumers and producers hand everything to the buffer
-
-    def _senders(self, owners: np.ndarray) -> np.ndarray:
+    def _placement(self, owners: np.ndarray, had_copy: np.ndarray, rank: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """Every cell is stored on, and served from, rank 0, whoever computed it."""
-        return np.zeros_like(owners)
-
-    def _held_by(self, rank: int, reached: np.ndarray) -> np.ndarray:
-        """Only rank 0 holds cells."""
-        return np.full(reached.shape, rank == 0)
+        return np.zeros_like(owners), np.full(had_copy.shape, rank == 0)

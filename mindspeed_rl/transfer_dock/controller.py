@@ -160,6 +160,35 @@ def dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+# One rank's write of one column in a put: (rows, rank, [num_rows, ndim] shapes).
+_Write = tuple[np.ndarray, int, np.ndarray]
+# One column's cells of a put, placed: (column, rows ascending, owners, shapes,
+# rank-set ids of the ranks that computed each cell).
+_Placed = tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _writer_patterns(ranks: np.ndarray, unique_rows: np.ndarray, first: np.ndarray,
+                     count: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
+    """The distinct sets of ranks that computed a cell, and which set each cell has.
+
+    ``ranks`` are the writers of each cell sorted by row (``first``/``count``
+    delimit each row's writers). Each distinct pattern is interned once by the
+    caller, not once per row.
+    """
+    if len(unique_rows) == len(ranks):  # one writer per cell
+        writer, inverse = np.unique(ranks, return_inverse=True)
+        return [[w] for w in writer.tolist()], inverse
+    if ranks.max() < 63:  # writer sets as bit masks: a 1-D unique
+        masks, inverse = np.unique(np.bitwise_or.reduceat(
+            np.left_shift(np.int64(1), ranks), first), return_inverse=True)
+        return [[r for r in range(63) if m >> r & 1] for m in masks.tolist()], inverse
+    per_row = np.full((len(unique_rows), int(count.max())), -1, dtype=np.int64)
+    per_row[np.repeat(np.arange(len(unique_rows)), count),
+            np.arange(len(ranks)) - np.repeat(first, count)] = ranks
+    unique_patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
+    return [p[p >= 0].tolist() for p in unique_patterns], inverse
+
+
 class Controller:
     """Per-row metadata: owner rank per column, token length, group, taken flags.
 
@@ -246,8 +275,21 @@ class Controller:
         (columns sorted by name, rows ascending), with their owners.
 
         Validates everything before changing any state, so a bad put raises the
-        same error on every rank and leaves the metadata untouched.
+        same error on every rank and leaves the metadata untouched: rows are
+        allocated, each rank's writes checked, each column's cells placed, and only
+        then is the put committed.
         """
+        rows_per_rank, next_row = self._allocate_rows(record_per_rank)
+        writers, kinds = self._check_writes(record_per_rank, rows_per_rank, next_row)
+        placements = [self._place_column(name, writers[name])
+                      for name in sorted(writers)]  # (column, row) order: the wire order of a put
+        self._commit_rows(record_per_rank, rows_per_rank, next_row)
+        return [self._commit_column(placement, kinds, next_row) for placement in placements]
+
+    def _allocate_rows(self, record_per_rank: Sequence[PutRecord]
+                       ) -> tuple[list[np.ndarray], int]:
+        """The rows each rank writes (new ids, numbered in rank order, for ranks that
+        create rows), and the row count after the put."""
         next_row = self.num_rows
         rows_per_rank: list[np.ndarray] = []
         for rank, rec in enumerate(record_per_rank):
@@ -267,83 +309,95 @@ class Controller:
                 raise TransferDockError(f"rank {rank} put {rec.num_new_rows} new rows with "
                                         f"{len(rec.token_lengths)} token lengths")
             rows_per_rank.append(rows)
+        return rows_per_rank, next_row
 
-        # column -> [(rows, rank, shapes)] of the ranks writing it
-        writers: dict[str, list[tuple[np.ndarray, int, np.ndarray]]] = {}
-        dtype_of = {c: col.dtype for c, col in self.columns.items()}
-        ndim_of = {c: col.ndim for c, col in self.columns.items()}
+    def _check_writes(self, record_per_rank: Sequence[PutRecord],
+                      rows_per_rank: Sequence[np.ndarray], next_row: int
+                      ) -> tuple[dict[str, list[_Write]], dict[str, tuple[torch.dtype, int]]]:
+        """Check every rank's rows and cells; return the writes per column and every
+        column's ``(dtype, ndim)`` (those it holds and those this put creates)."""
+        writers: dict[str, list[_Write]] = {}
+        kinds = {c: (col.dtype, col.ndim) for c, col in self.columns.items()}
         for rank, (rec, rows) in enumerate(zip(record_per_rank, rows_per_rank)):
-            if len(rows) and (rows.min() < 0 or rows.max() >= next_row):
-                bad = int(rows[(rows < 0) | (rows >= next_row)][0])
-                raise TransferDockError(f"rank {rank} put row {bad + self.base}, which does "
-                                        f"not exist (the dock holds rows {self.base} to "
-                                        f"{self.next_row_id - 1})")
-            if len(np.unique(rows)) != len(rows):
-                raise TransferDockError(f"rank {rank} put the same row twice in one put")
+            self._check_rows(rank, rows, next_row)
             for name, (dtype_name, shapes) in rec.columns.items():
-                dtype = dtype_from_name(dtype_name)
-                if dtype_of.setdefault(name, dtype) != dtype:
-                    raise TransferDockError(f"rank {rank} put column {name!r} as {dtype}, but it "
-                                            f"holds {dtype_of[name]}")
-                if ndim_of.setdefault(name, shapes.shape[1]) != shapes.shape[1]:
-                    raise TransferDockError(
-                        f"rank {rank} put column {name!r} with {shapes.shape[1]}-D cells, but its "
-                        f"cells are {ndim_of[name]}-D; every cell of a column has the same "
-                        "number of dimensions")
-                if len(shapes) != len(rows):
-                    raise TransferDockError(f"rank {rank} put {len(shapes)} cells of column "
-                                            f"{name!r} for {len(rows)} rows")
-                col = self.columns.get(name)
-                if col is not None:
-                    existing = rows[rows < len(col.owner)]
-                    written = existing[col.owner[existing] >= 0]
-                    if len(written):
-                        raise TransferDockError(
-                            f"rank {rank} put column {name!r} of row "
-                            f"{int(written.min()) + self.base}, which is already written")
+                self._check_cells(rank, name, dtype_from_name(dtype_name), shapes, rows, kinds)
                 writers.setdefault(name, []).append((rows, rank, shapes))
+        return writers, kinds
 
-        placements = []
-        for name in sorted(writers):  # (column, row) order: the wire order of a put
-            rows = np.concatenate([r for r, _, _ in writers[name]])
-            ranks = np.concatenate([np.full(len(r), k, np.int64) for r, k, _ in writers[name]])
-            shapes = np.concatenate([s for _, _, s in writers[name]])
-            order = np.lexsort((ranks, rows))  # by row, then rank
-            rows, ranks, shapes = rows[order], ranks[order], shapes[order]
-            unique_rows, first, count = np.unique(rows, return_index=True, return_counts=True)
-            if len(unique_rows) != len(rows):  # TP/PP peers offering the same cell
-                differ = np.any(shapes != np.repeat(shapes[first], count, axis=0), axis=1)
-                if differ.any():
-                    i = int(np.flatnonzero(differ)[0])
-                    j = first[np.searchsorted(unique_rows, rows[i])]
-                    raise TransferDockError(
-                        f"ranks {int(ranks[j])} and {int(ranks[i])} put column {name!r} of row "
-                        f"{int(rows[i]) + self.base} with different shapes {tuple(shapes[j].tolist())} "
-                        f"and {tuple(shapes[i].tolist())}")
-            # Peers that computed the same cell all offer it (and all keep it); the
-            # owner, who serves it to ranks lacking it, rotates by row so the sends
-            # spread over them instead of piling onto the lowest rank.
-            keeper = first + unique_rows % count
-            # The ranks that computed each cell: intern each distinct writer
-            # pattern once, not once per row.
-            if len(unique_rows) == len(rows):  # one writer per cell
-                writer, inverse = np.unique(ranks, return_inverse=True)
-                patterns = [[w] for w in writer.tolist()]
-            elif ranks.max() < 63:  # writer sets as bit masks: a 1-D unique
-                masks, inverse = np.unique(np.bitwise_or.reduceat(
-                    np.left_shift(np.int64(1), ranks), first), return_inverse=True)
-                patterns = [[r for r in range(63) if m >> r & 1] for m in masks.tolist()]
-            else:
-                per_row = np.full((len(unique_rows), int(count.max())), -1, dtype=np.int64)
-                per_row[np.repeat(np.arange(len(unique_rows)), count),
-                        np.arange(len(rows)) - np.repeat(first, count)] = ranks
-                unique_patterns, inverse = np.unique(per_row, axis=0, return_inverse=True)
-                patterns = [p[p >= 0].tolist() for p in unique_patterns]
-            producers = np.array([self.rank_sets.id_of(p) for p in patterns],
-                                 dtype=np.int64)[inverse.reshape(-1)]
-            placements.append((name, unique_rows, ranks[keeper], shapes[keeper], producers))
+    def _check_rows(self, rank: int, rows: np.ndarray, next_row: int) -> None:
+        """``rank`` writes rows that exist (or this put creates), each once."""
+        if len(rows) and (rows.min() < 0 or rows.max() >= next_row):
+            bad = int(rows[(rows < 0) | (rows >= next_row)][0])
+            raise TransferDockError(f"rank {rank} put row {bad + self.base}, which does "
+                                    f"not exist (the dock holds rows {self.base} to "
+                                    f"{self.next_row_id - 1})")
+        if len(np.unique(rows)) != len(rows):
+            raise TransferDockError(f"rank {rank} put the same row twice in one put")
 
-        # Valid: commit.
+    def _check_cells(self, rank: int, name: str, dtype: torch.dtype, shapes: np.ndarray,
+                     rows: np.ndarray, kinds: dict[str, tuple[torch.dtype, int]]) -> None:
+        """``rank``'s cells of column ``name``: the column's dtype and number of
+        dimensions (recorded in ``kinds`` for a new column), one per row, none
+        already written."""
+        known_dtype, known_ndim = kinds.setdefault(name, (dtype, shapes.shape[1]))
+        if known_dtype != dtype:
+            raise TransferDockError(f"rank {rank} put column {name!r} as {dtype}, but it "
+                                    f"holds {known_dtype}")
+        if known_ndim != shapes.shape[1]:
+            raise TransferDockError(
+                f"rank {rank} put column {name!r} with {shapes.shape[1]}-D cells, but its "
+                f"cells are {known_ndim}-D; every cell of a column has the same "
+                "number of dimensions")
+        if len(shapes) != len(rows):
+            raise TransferDockError(f"rank {rank} put {len(shapes)} cells of column "
+                                    f"{name!r} for {len(rows)} rows")
+        col = self.columns.get(name)
+        if col is not None:
+            existing = rows[rows < len(col.owner)]
+            written = existing[col.owner[existing] >= 0]
+            if len(written):
+                raise TransferDockError(
+                    f"rank {rank} put column {name!r} of row "
+                    f"{int(written.min()) + self.base}, which is already written")
+
+    def _place_column(self, name: str, writes: Sequence[_Write]) -> _Placed:
+        """One column's cells of a put: rows ascending, the owner (keeper) of each,
+        its shape and the rank set that computed it."""
+        rows = np.concatenate([r for r, _, _ in writes])
+        ranks = np.concatenate([np.full(len(r), k, np.int64) for r, k, _ in writes])
+        shapes = np.concatenate([s for _, _, s in writes])
+        order = np.lexsort((ranks, rows))  # by row, then rank
+        rows, ranks, shapes = rows[order], ranks[order], shapes[order]
+        unique_rows, first, count = np.unique(rows, return_index=True, return_counts=True)
+        if len(unique_rows) != len(rows):  # TP/PP peers offering the same cell
+            self._check_same_shapes(name, rows, ranks, shapes, unique_rows, first, count)
+        # Peers that computed the same cell all offer it (and all keep it); the
+        # owner, who serves it to ranks lacking it, rotates by row so the sends
+        # spread over them instead of piling onto the lowest rank.
+        keeper = first + unique_rows % count
+        patterns, inverse = _writer_patterns(ranks, unique_rows, first, count)
+        producers = np.array([self.rank_sets.id_of(p) for p in patterns],
+                             dtype=np.int64)[inverse.reshape(-1)]
+        return name, unique_rows, ranks[keeper], shapes[keeper], producers
+
+    def _check_same_shapes(self, name: str, rows: np.ndarray, ranks: np.ndarray,
+                           shapes: np.ndarray, unique_rows: np.ndarray, first: np.ndarray,
+                           count: np.ndarray) -> None:
+        """Peers that put the same cell (``rows`` sorted, ``first``/``count`` of each
+        unique row) agree on its shape."""
+        differ = np.any(shapes != np.repeat(shapes[first], count, axis=0), axis=1)
+        if differ.any():
+            i = int(np.flatnonzero(differ)[0])
+            j = first[np.searchsorted(unique_rows, rows[i])]
+            raise TransferDockError(
+                f"ranks {int(ranks[j])} and {int(ranks[i])} put column {name!r} of row "
+                f"{int(rows[i]) + self.base} with different shapes {tuple(shapes[j].tolist())} "
+                f"and {tuple(shapes[i].tolist())}")
+
+    def _commit_rows(self, record_per_rank: Sequence[PutRecord],
+                     rows_per_rank: Sequence[np.ndarray], next_row: int) -> None:
+        """Record the new rows (token lengths, groups, live) and grow every column."""
         for rank, rec in enumerate(record_per_rank):
             if rec.num_new_rows:
                 rows = rows_per_rank[rank]
@@ -354,17 +408,19 @@ class Controller:
         self.num_rows = next_row
         for col in self.columns.values():
             col.grow(next_row)
-        result = []
-        for name, rows, owners, shapes, producers in placements:
-            col = self.columns.get(name)
-            if col is None:
-                col = self.columns[name] = _Column(dtype_of[name], ndim_of[name], next_row)
-            col.owner[rows] = owners
-            col.reached[rows] = producers
-            col.shape[rows] = shapes
-            col.numel[rows] = shapes.prod(axis=1) if shapes.shape[1] else 1
-            result.append((name, rows, owners))
-        return result
+
+    def _commit_column(self, placed: _Placed, kinds: dict[str, tuple[torch.dtype, int]],
+                       num_rows: int) -> ColumnPlacement:
+        """Record one column's placed cells (creating the column if new)."""
+        name, rows, owners, shapes, producers = placed
+        col = self.columns.get(name)
+        if col is None:
+            col = self.columns[name] = _Column(*kinds[name], num_rows)
+        col.owner[rows] = owners
+        col.reached[rows] = producers
+        col.shape[rows] = shapes
+        col.numel[rows] = shapes.prod(axis=1) if shapes.shape[1] else 1
+        return name, rows, owners
 
     def new_rows_of(self, record_per_rank: Sequence[PutRecord], rank: int,
                     first_row: int) -> list[int]:
@@ -402,24 +458,7 @@ class Controller:
                                     f"{rows_per_dp_rank} must be >= 0")
         if not columns:
             raise TransferDockError(f"get for consumer {consumer!r} names no columns")
-        ready = self.ready_mask(consumer, columns)
-        if whole_groups:
-            firsts, sizes = np.unique(self.group, return_counts=True)  # groups are contiguous
-            group_ready = (np.logical_and.reduceat(ready, firsts) if len(firsts)
-                           else np.zeros(0, bool))
-            firsts, sizes = firsts[group_ready], sizes[group_ready]
-            group_sizes = sorted(set(sizes.tolist()))
-            if len(group_sizes) > 1:
-                raise TransferDockError(
-                    f"get for consumer {consumer!r} asks for whole groups, but the ready groups "
-                    f"have different sizes {group_sizes}")
-            group_size = group_sizes[0] if group_sizes else 1
-            if rows_per_dp_rank % group_size:
-                raise TransferDockError(
-                    f"get for consumer {consumer!r} asks for whole groups of {group_size} rows, "
-                    f"but rows_per_dp_rank={rows_per_dp_rank} is not a multiple of {group_size}")
-        else:
-            firsts, group_size = np.flatnonzero(ready), 1
+        firsts, group_size = self._ready_units(consumer, columns, rows_per_dp_rank, whole_groups)
         units_per_dp_rank = rows_per_dp_rank // group_size
         num_units_needed = units_per_dp_rank * num_dp_ranks
         if len(firsts) < num_units_needed:
@@ -431,12 +470,43 @@ class Controller:
         # Oldest first (FIFO across gets); unit u is rows unit_rows[u].
         unit_rows = firsts[:num_units_needed, None] + np.arange(group_size)  # [units, size]
         unit_lengths = self.token_length[unit_rows].sum(axis=1)
+        local = self._local_bytes(unit_rows, columns, ranks_per_dp_rank)
+        units_per_bin = assign_units(unit_lengths.tolist(), local, num_dp_ranks,
+                                     units_per_dp_rank)
+        return [np.sort(unit_rows[list(units)].reshape(-1)) for units in units_per_bin]
 
-        # Locality: bytes of each unit already in place at each DP rank, summed
-        # over its ranks (cells they computed or received in an earlier get).
+    def _ready_units(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
+                     whole_groups: bool) -> tuple[np.ndarray, int]:
+        """The first row of every ready unit, oldest first, and the unit's size: single
+        rows, or with ``whole_groups`` the groups whose rows are all ready."""
+        ready = self.ready_mask(consumer, columns)
+        if not whole_groups:
+            return np.flatnonzero(ready), 1
+        firsts, sizes = np.unique(self.group, return_counts=True)  # groups are contiguous
+        group_ready = (np.logical_and.reduceat(ready, firsts) if len(firsts)
+                       else np.zeros(0, bool))
+        firsts, sizes = firsts[group_ready], sizes[group_ready]
+        group_sizes = sorted(set(sizes.tolist()))
+        if len(group_sizes) > 1:
+            raise TransferDockError(
+                f"get for consumer {consumer!r} asks for whole groups, but the ready groups "
+                f"have different sizes {group_sizes}")
+        group_size = group_sizes[0] if group_sizes else 1
+        if rows_per_dp_rank % group_size:
+            raise TransferDockError(
+                f"get for consumer {consumer!r} asks for whole groups of {group_size} rows, "
+                f"but rows_per_dp_rank={rows_per_dp_rank} is not a multiple of {group_size}")
+        return firsts, group_size
+
+    def _local_bytes(self, unit_rows: np.ndarray, columns: Sequence[str],
+                     ranks_per_dp_rank: Sequence[Sequence[int]]) -> np.ndarray:
+        """Locality: ``[units, DP ranks]`` bytes of each unit already in place at each
+        DP rank, summed over its ranks (cells they computed or received in an earlier
+        get)."""
+        num_units, group_size = unit_rows.shape
         overlap = self.rank_sets.overlap(ranks_per_dp_rank)  # [sets, DP ranks]
-        local = np.zeros((len(unit_rows), num_dp_ranks), dtype=np.int64)
-        unit_of_cell = np.repeat(np.arange(len(unit_rows)), group_size)
+        local = np.zeros((num_units, len(ranks_per_dp_rank)), dtype=np.int64)
+        unit_of_cell = np.repeat(np.arange(num_units), group_size)
         for c in columns:
             col = self.columns[c]
             # Bytes per (unit, holder set) — few distinct sets — times each set's
@@ -444,11 +514,9 @@ class Controller:
             sets, which = np.unique(col.reached[unit_rows].reshape(-1), return_inverse=True)
             per_set = np.bincount(unit_of_cell * len(sets) + which.reshape(-1),
                                   weights=col.nbytes(unit_rows).reshape(-1),
-                                  minlength=len(unit_rows) * len(sets))
-            local += per_set.astype(np.int64).reshape(len(unit_rows), len(sets)) @ overlap[sets]
-        units_per_bin = assign_units(unit_lengths.tolist(), local, num_dp_ranks,
-                                     units_per_dp_rank)
-        return [np.sort(unit_rows[list(units)].reshape(-1)) for units in units_per_bin]
+                                  minlength=num_units * len(sets))
+            local += per_set.astype(np.int64).reshape(num_units, len(sets)) @ overlap[sets]
+        return local
 
     def _taken_mask(self, consumer: str) -> np.ndarray:
         taken = self._taken.get(consumer)

@@ -11,9 +11,13 @@ computed the cell to each rank of the receiving DP rank that lacks it. Results
 are put back on the rank that computed them with no collective at all; ranks
 keep what they computed or received, so later consumers reuse it.
 
+That is the distributed mode (``distributed.py``). This module holds what every
+mode shares; a mode (a subclass) defines one hook, :meth:`TransferDock._placement`:
+which rank serves a cell and which ranks hold it (``centralized.py``: rank 0).
+
 Typical GRPO use (every rank runs this)::
 
-    dock = TransferDock(timeout_s=600)
+    dock = build_transfer_dock("distributed", timeout_s=600)
     rows = dock.put({"prompt_ids": p, "response_ids": r, "rewards": s},
                     num_rows_per_group=n_samples_per_prompt)     # rollout, gen-DP rank
     batch = dock.get("actor_logprobs", ["prompt_ids", "response_ids"],
@@ -28,28 +32,27 @@ from __future__ import annotations
 import contextlib
 import pickle
 import time
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from mindspeed_rl.transfer_dock import control
+from mindspeed_rl.transfer_dock.batch import DockBatch, DockMetrics, in_row_order
 from mindspeed_rl.transfer_dock.controller import (ColumnPlacement, Controller, PutRecord,
                                                     TransferDockError)
 from mindspeed_rl.transfer_dock.exchange import ExchangeResult, exchange_blocks
+from mindspeed_rl.transfer_dock.layout import ConsumerLayout
+from mindspeed_rl.transfer_dock.moves import Moves, get_moves, put_moves
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 
+__all__ = ["ConsumerLayout", "DockBatch", "DockMetrics", "TransferDock",
+           "TransferDockTimeoutError"]
 
-_OPS = ("put", "get")  # op codes of the control header
-_HEADER_FIELDS = 6  # op, call number, clears, argument hash, metadata bytes, dp_key length
-
-
-def _flat(cells: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Cells as 1-D tensors."""
-    return [c if c.dim() == 1 else c.reshape(-1) for c in cells]
+# Cells of one put, by column, in the put's row order.
+_Cells = list[tuple[str, list[torch.Tensor]]]
 
 
 def _shapes(cells: Sequence[torch.Tensor], ndim: int) -> np.ndarray:
@@ -59,19 +62,17 @@ def _shapes(cells: Sequence[torch.Tensor], ndim: int) -> np.ndarray:
     return np.array([tuple(c.shape) for c in cells], dtype=np.int64).reshape(len(cells), ndim)
 
 
-def _in_row_order(parts: Sequence[tuple[np.ndarray, Sequence[torch.Tensor]]]
-                  ) -> list[torch.Tensor]:
-    """Merge ``(rows ascending, cells)`` parts with disjoint rows into one list by row."""
-    if len(parts) == 1:
-        return list(parts[0][1])
-    order = np.argsort(np.concatenate([rows for rows, _ in parts]), kind="stable")
-    cells = [c for _, part in parts for c in part]
-    return [cells[i] for i in order.tolist()]
+def _num_rows(columns: Mapping[str, list[torch.Tensor]]) -> int:
+    """The rows of a put (every column has one cell per row)."""
+    num_rows = {len(cells) for cells in columns.values()}
+    if len(num_rows) > 1:
+        raise TransferDockError(f"put columns have different row counts "
+                                f"{ {n: len(c) for n, c in columns.items()} }")
+    return num_rows.pop() if num_rows else 0
 
 
-def _without_rows(record: PutRecord, cells: list[tuple[str, list[torch.Tensor]]],
-                  retired: np.ndarray, shift: int
-                  ) -> tuple[PutRecord, list[tuple[str, list[torch.Tensor]]]]:
+def _without_rows(record: PutRecord, cells: _Cells, retired: np.ndarray, shift: int
+                  ) -> tuple[PutRecord, _Cells]:
     """A put of results not yet published, minus the ``retired`` rows, renumbered by
     ``shift`` (the record stays, possibly empty: ranks pair puts by their order)."""
     keep = ~np.isin(record.rows, retired)
@@ -85,122 +86,8 @@ class TransferDockTimeoutError(TransferDockError):
     """A dock collective did not complete within the configured timeout."""
 
 
-@dataclass(frozen=True)
-class ConsumerLayout:
-    """How a consumer's ranks form DP ranks: ``ranks_per_dp_rank[d]`` are the
-    global ranks (TP/PP peers) that all receive DP rank ``d``'s rows.
-
-    Ranks of the dock not listed receive nothing from gets with this layout.
-    """
-
-    ranks_per_dp_rank: tuple[tuple[int, ...], ...]
-
-    def __post_init__(self) -> None:
-        seen: set[int] = set()
-        if not self.ranks_per_dp_rank:
-            raise ValueError("a ConsumerLayout needs at least one DP rank")
-        for d, ranks in enumerate(self.ranks_per_dp_rank):
-            if not ranks:
-                raise ValueError(f"DP rank {d} of the consumer layout has no ranks")
-            if seen & set(ranks):
-                raise ValueError(f"ranks {sorted(seen & set(ranks))} appear in two DP ranks")
-            seen |= set(ranks)
-
-    @property
-    def num_dp_ranks(self) -> int:
-        return len(self.ranks_per_dp_rank)
-
-    @classmethod
-    def megatron(cls, world_size: int, tensor_model_parallel_size: int = 1,
-                 pipeline_model_parallel_size: int = 1) -> "ConsumerLayout":
-        """Megatron's default rank order (TP fastest, then DP, then PP)."""
-        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
-        if world_size % (tp * pp):
-            raise ValueError(f"world_size={world_size} is not divisible by TP={tp} x PP={pp}")
-        dp = world_size // (tp * pp)
-        return cls(tuple(
-            tuple(p * tp * dp + d * tp + t for p in range(pp) for t in range(tp))
-            for d in range(dp)))
-
-    @classmethod
-    def from_dp_groups(cls, dp_group_ranks_per_rank: Mapping[int, Sequence[int]]
-                       ) -> "ConsumerLayout":
-        """Build the layout from each rank's DP group: ``{global rank: its DP group's ranks}``.
-
-        A rank's DP index is its position in its own DP group; ranks sharing an
-        index are TP/PP peers of one DP rank.
-        """
-        sizes = {len(g) for g in dp_group_ranks_per_rank.values()}
-        if len(sizes) != 1:
-            raise ValueError(f"DP groups of different sizes {sorted(sizes)}")
-        ranks_per_dp: list[list[int]] = [[] for _ in range(sizes.pop())]
-        for rank, group_ranks in sorted(dp_group_ranks_per_rank.items()):
-            if rank not in group_ranks:
-                raise ValueError(f"rank {rank}'s dp_group {list(group_ranks)} does not contain it")
-            ranks_per_dp[list(group_ranks).index(rank)].append(rank)
-        return cls(tuple(tuple(r) for r in ranks_per_dp))
-
-
-@dataclass
-class DockBatch:
-    """The rows one DP rank received from a get.
-
-    ``columns[name][i]`` is the tensor of row ``rows[i]`` (variable length, e.g.
-    ``[num_tokens]``, or ``[]`` for a per-row scalar). Rows are in ascending id
-    order, so whole groups are contiguous. Cells this rank already held are the
-    warehouse's own tensors: do not modify them in place.
-    """
-
-    rows: list[int]
-    columns: dict[str, list[torch.Tensor]]
-    token_lengths: list[int]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, column: str) -> list[torch.Tensor]:
-        return self.columns[column]
-
-    def padded(self, column: str, pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded ``[num_rows, max_len]`` tensor of a 1-D column, and ``[num_rows]``
-        lengths."""
-        cells = self.columns[column]
-        lengths = torch.tensor([c.numel() for c in cells], dtype=torch.int64)
-        if not cells:
-            return torch.empty(0, 0), lengths
-        return (torch.nn.utils.rnn.pad_sequence(_flat(cells), batch_first=True,
-                                                padding_value=pad_value), lengths)
-
-
-@dataclass
-class DockMetrics:
-    """Counters of this rank since the last :meth:`TransferDock.reset_metrics`.
-
-    ``row_bytes_*`` count payload that crossed ranks (hand-overs within a rank
-    are free and not counted); seconds are wall time inside dock calls.
-    """
-
-    num_puts: int = 0
-    num_gets: int = 0
-    rows_put: int = 0  # cells' rows written by this rank (new or existing)
-    rows_got: int = 0  # rows delivered to this rank
-    row_bytes_sent: int = 0
-    row_bytes_received: int = 0
-    # Bytes of cells this rank computed that another rank consumed, plus cells it
-    # consumed that another rank computed: what any placement must move through
-    # this rank (its own share). Same in both modes.
-    row_bytes_own: int = 0
-    seconds_put: float = 0.0
-    seconds_get: float = 0.0
-    num_collectives: int = 0  # control and data collectives of this rank
-    bytes_sent_per_consumer: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__, bytes_sent_per_consumer=dict(self.bytes_sent_per_consumer))
-
-
 class TransferDock:
-    """Distributed replay buffer: replicated metadata, per-rank warehouses, P2P data.
+    """Replay buffer of an iteration: replicated metadata, per-rank warehouses, P2P data.
 
     Args:
         group: the ranks that take part (default: the world). Every rank of the
@@ -218,9 +105,20 @@ class TransferDock:
             always travels over gloo.
         eager_bytes: metadata a rank can publish inside the control collective
             (per call); larger puts take one more all-to-all.
+
+    A mode is a subclass that implements :meth:`_placement`; ``TransferDock(...)``
+    itself builds the default, distributed mode (:func:`build_transfer_dock` picks
+    one by name).
     """
 
-    mode = "distributed"
+    mode: str  # each mode's name, as build_transfer_dock knows it
+
+    def __new__(cls, *args, **kwargs):
+        if cls is TransferDock:  # TransferDock(...) as before: the distributed mode
+            from mindspeed_rl.transfer_dock.distributed import DistributedTransferDock
+
+            cls = DistributedTransferDock
+        return super().__new__(cls)
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float | None = None,
                  device: torch.device | str | None = None, data_backend: str | None = None,
@@ -242,6 +140,19 @@ class TransferDock:
         if self.rank < 0:
             raise TransferDockError(f"rank {global_rank} is not in the dock's group "
                                     f"{self._global_ranks}")
+        self._make_groups(group, data_backend, device)
+        self.controller = Controller()
+        self.warehouse = Warehouse()
+        self._num_calls = 0
+        self._num_clears = 0
+        # Puts of results not yet published: (record, [(column, cells of record.rows)]).
+        self._pending: list[tuple[PutRecord, _Cells]] = []
+        self.metrics = DockMetrics()
+
+    def _make_groups(self, group: dist.ProcessGroup | None, data_backend: str | None,
+                     device: torch.device | str | None) -> None:
+        """The dock's own process groups (metadata over gloo; data over the data
+        backend) and its device."""
         timeout = timedelta(seconds=self.timeout_s)
         # Own groups, so the dock's timeout bounds its waits whatever the caller's
         # groups use; new_group is collective over the world.
@@ -256,26 +167,33 @@ class TransferDock:
                 acc = torch.accelerator.current_accelerator()
                 device = torch.device(acc.type, torch.accelerator.current_device_index())
             self.device = torch.device(device)
-        self.controller = Controller()
-        self.warehouse = Warehouse()
-        self._num_calls = 0
-        self._num_clears = 0
-        # Puts of results not yet published: (record, [(column, cells of record.rows)]).
-        self._pending: list[tuple[PutRecord, list[tuple[str, list[torch.Tensor]]]]] = []
-        self.metrics = DockMetrics()
 
-    # ---- placement (the only thing the centralized mode changes) ---------------
-    # Distributed: every rank keeps the cells it computed and the cells gets
-    # delivered to it; a rank lacking a cell receives it from the cell's owner.
-    keeps_copies = True
+    # ---- the mode's hook ------------------------------------------------------------
+    def _placement(self, owners: np.ndarray, had_copy: np.ndarray, rank: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Where cells live: the one thing a mode defines.
 
-    def _senders(self, owners: np.ndarray) -> np.ndarray:
-        """Rank that sends each cell to a rank lacking it: its owner (who computed it)."""
-        return owners
+        For cells (elementwise over arrays of any shape) whose owners are
+        ``owners`` (the dock rank that computed each and keeps it) and of which
+        ``rank`` has had a copy where ``had_copy`` (it computed the cell or a get
+        delivered it), return ``(servers, held)``: the dock rank that serves each
+        cell to ranks lacking it, and whether ``rank`` holds it. Everything else
+        follows (``moves.py``): a put hands each cell from its owner to its server
+        when they differ, a get sends each consumer rank the cells it does not
+        hold from their servers, and a rank keeps the cells it holds.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define _placement")
 
-    def _held_by(self, rank: int, reached: np.ndarray) -> np.ndarray:
-        """Which cells (by their ``reached`` rank-set ids) ``rank`` already holds."""
-        return self.controller.rank_sets.contains(reached, rank)
+    def _results_stay_put(self) -> bool:
+        """Whether every rank serves and holds the cells it computes: then a put of
+        results moves nothing, and its metadata can wait for the next control
+        collective (no collective of its own)."""
+        one, true = np.zeros(1, np.int64), np.ones(1, bool)
+        for rank in range(self.size):
+            servers, held = self._placement(one + rank, true, rank)
+            if servers[0] != rank or not held[0]:
+                return False
+        return True
 
     # ---- collectives ------------------------------------------------------------
     @contextlib.contextmanager
@@ -305,14 +223,12 @@ class TransferDock:
         """The dock's control collective: check the call, share small metadata.
 
         Every put and get starts with one fixed-size ``all_to_all_single`` over
-        gloo in which each rank sends every peer the same block: an int64 header
-        ``[op, call number, clears so far, hash of the arguments, metadata bytes,
-        dp_key length, dp_key...]`` followed by up to ``eager_bytes`` of pickled
-        metadata. Blocks have the same size whatever a rank called, so ranks that
-        disagree on the call are caught here, by the headers, and never reach a
-        transfer whose sizes do not match (which gloo answers by aborting the
-        process). Metadata larger than ``eager_bytes`` follows in a second
-        all-to-all sized from the headers. An all-to-all rather than an
+        gloo in which each rank sends every peer the same block (``control.py``):
+        a header naming the call, ``dp_key``, and up to ``eager_bytes`` of pickled
+        metadata. Ranks that disagree on the call are caught here, by the headers,
+        and never reach a transfer whose sizes do not match (which gloo answers by
+        aborting the process). Metadata larger than ``eager_bytes`` follows in a
+        second all-to-all sized from the headers. An all-to-all rather than an
         all-gather: gloo sends it in one round of direct messages instead of a
         ring of size - 1 steps (1.3 vs 3.8 ms at 4 ranks on 2 cores).
         The records of puts of results made since the last control collective
@@ -322,84 +238,88 @@ class TransferDock:
         self._num_calls += 1
         blob = pickle.dumps(([record for record, _ in self._pending], payload),
                             protocol=pickle.HIGHEST_PROTOCOL)
-        header_bytes = 8 * (_HEADER_FIELDS + self.size)
-        block = torch.zeros(header_bytes + self.eager_bytes, dtype=torch.uint8)
-        header = block[:header_bytes].view(torch.int64)
-        header[:_HEADER_FIELDS] = torch.tensor([
-            _OPS.index(op), self._num_calls, self._num_clears,
-            zlib.crc32(repr(args).encode()), len(blob), len(dp_key)])
-        header[_HEADER_FIELDS:_HEADER_FIELDS + len(dp_key)] = torch.tensor(list(dp_key),
-                                                                           dtype=torch.int64)
-        if 0 < len(blob) <= self.eager_bytes:
-            block[header_bytes:header_bytes + len(blob)] = torch.frombuffer(
-                bytearray(blob), dtype=torch.uint8)
+        block = control.pack_block(op, self._num_calls, self._num_clears, args, dp_key, blob,
+                                   self.size, self.eager_bytes)
         recv = torch.empty(self.size * block.numel(), dtype=torch.uint8)
         self._all_to_all(recv, block.repeat(self.size), what)
-        blocks = recv.view(self.size, -1)
-        headers = blocks[:, :header_bytes].contiguous().view(torch.int64).tolist()
-
-        calls = [tuple(h[:4]) for h in headers]
-        if len(set(calls)) != 1:
-            described = "; ".join(
-                f"rank {self._global_ranks[r]}: {_OPS[o] if 0 <= o < len(_OPS) else o} "
-                f"(dock call #{n}, after {c} clear())" for r, (o, n, c, _) in enumerate(calls))
-            same_op = len({c[:3] for c in calls}) == 1
-            raise TransferDockError(
-                f"{what}: ranks disagree on the dock call ({described}"
-                f"{'; same call, different arguments' if same_op else ''}); every rank must "
-                "call put/get/clear alike and in the same order (a put that creates rows, "
-                "rows=None, is one call on every rank; so is a put of results: a rank with no "
-                "results passes rows=[])")
-        dp_keys = [tuple(h[_HEADER_FIELDS:_HEADER_FIELDS + h[5]]) for h in headers]
-        sizes = [h[4] for h in headers]
-        blobs: list[bytes | None] = [None] * self.size
-        for r, n in enumerate(sizes):
-            if n <= self.eager_bytes:
-                blobs[r] = blocks[r, header_bytes:header_bytes + n].numpy().tobytes()
-        overflow = [n if n > self.eager_bytes else 0 for n in sizes]
-        if any(overflow):  # every rank sees the same sizes, so all take this branch
-            mine = overflow[self.rank]
-            send = (torch.frombuffer(bytearray(blob), dtype=torch.uint8).repeat(self.size)
-                    if mine else torch.empty(0, dtype=torch.uint8))
-            big = torch.empty(sum(overflow), dtype=torch.uint8)
-            self._all_to_all(big, send, what, recv_splits=overflow,
-                             send_splits=[mine] * self.size)
-            for r, piece in enumerate(big.split(overflow)):
-                if overflow[r]:
-                    blobs[r] = piece.numpy().tobytes()
+        headers, blobs = control.unpack_blocks(recv.view(self.size, -1), self.eager_bytes)
+        control.check_same_call(headers, self._global_ranks, what)
+        blobs = self._overflow(blobs, [h[4] for h in headers], blob, what)
         pending_per_rank, payloads = zip(*(pickle.loads(b) for b in blobs))
+        self._publish_pending(pending_per_rank, what)
+        return control.dp_keys_of(headers), list(payloads)
+
+    def _overflow(self, blobs: list[bytes | None], sizes: list[int], blob: bytes, what: str
+                  ) -> list[bytes]:
+        """Fill in the metadata that did not fit a control block: one more all-to-all."""
+        overflow = [n if n > self.eager_bytes else 0 for n in sizes]
+        if not any(overflow):  # every rank sees the same sizes, so all take this branch
+            return blobs
+        mine = overflow[self.rank]
+        send = (torch.frombuffer(bytearray(blob), dtype=torch.uint8).repeat(self.size)
+                if mine else torch.empty(0, dtype=torch.uint8))
+        big = torch.empty(sum(overflow), dtype=torch.uint8)
+        self._all_to_all(big, send, what, recv_splits=overflow, send_splits=[mine] * self.size)
+        for r, piece in enumerate(big.split(overflow)):
+            if overflow[r]:
+                blobs[r] = piece.numpy().tobytes()
+        return blobs
+
+    def _publish_pending(self, pending_per_rank: Sequence[Sequence[PutRecord]], what: str
+                         ) -> None:
+        """Apply every rank's puts of results since the last control collective, in
+        call order, and store this rank's cells of them."""
         mine, self._pending = self._pending, []
         for k, records in enumerate(zip(*pending_per_rank)):
             try:
-                self.controller.apply_put(records)
+                placements = self.controller.apply_put(records)
             except TransferDockError as e:  # this put and later ones are dropped
                 raise TransferDockError(
                     f"a put of results published with this {what} (put {k + 1} of "
                     f"{len(mine)} since the last get): {e}") from None
-            rows = mine[k][0].rows.tolist()
-            for name, cells in mine[k][1]:
-                self.warehouse.write_many(name, rows, cells)
-        return dp_keys, list(payloads)
+            record, cells = mine[k]
+            self._store(dict(cells), record.rows.tolist(), placements)
 
     # ---- data movement ------------------------------------------------------------
-    def _no_blocks(self) -> list[dict[str, np.ndarray]]:
-        return [{} for _ in range(self.size)]
-
-    def _exchange(self, any_remote: bool, outgoing, incoming, read_cells, what: str
-                  ) -> ExchangeResult:
-        if not any_remote:  # every rank reaches the same verdict from the metadata
+    def _exchange(self, moves: Moves, read_cells, what: str) -> ExchangeResult:
+        if not moves.any_remote:  # every rank reaches the same verdict from the metadata
             return ExchangeResult({}, 0, 0)
         self.metrics.num_collectives += 1
         return exchange_blocks(
-            outgoing, incoming, read_cells=read_cells, columns=self.controller.columns,
-            group=self._data_group, device=self.device,
+            moves.outgoing, moves.incoming, read_cells=read_cells,
+            columns=self.controller.columns, group=self._data_group, device=self.device,
             timeout_context=lambda: self._bounded(what))
+
+    def _store(self, columns: Mapping[str, list[torch.Tensor]], my_rows: list[int],
+               placements: Sequence[ColumnPlacement]) -> ExchangeResult:
+        """Put this rank's cells of a put (``columns[c][i]`` is row ``my_rows[i]``)
+        where the placement says they live: keep what it holds, hand the rest over."""
+        position = {row: i for i, row in enumerate(my_rows)}
+
+        def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
+            cells = columns[column]
+            return [cells[position[r]] for r in cell_rows.tolist()]
+
+        moves = put_moves(self.controller, placements, self.rank, self.size, self._placement)
+        for column, kept in moves.local.items():
+            self.warehouse.write_many(column, kept.tolist(), local_cells(column, kept))
+        result = self._exchange(moves, local_cells, "put (moving cells to their home rank)")
+        self._keep(result.received)
+        return result
 
     def _keep(self, received: Mapping[str, Sequence[tuple[np.ndarray, Sequence[torch.Tensor]]]]
               ) -> None:
+        """Store the cells this rank received that it holds per the placement."""
         for name, parts in received.items():
+            owner = self.controller.columns[name].owner
             for rows, cells in parts:
-                self.warehouse.write_many(name, rows.tolist(), cells)
+                _, held = self._placement(owner[rows], np.ones(len(rows), bool), self.rank)
+                if held.all():
+                    self.warehouse.write_many(name, rows.tolist(), cells)
+                elif held.any():
+                    index = np.flatnonzero(held).tolist()
+                    self.warehouse.write_many(name, rows[held].tolist(),
+                                              [cells[i] for i in index])
 
     # ---- public API ---------------------------------------------------------------
     def put(self, columns: Mapping[str, Sequence[torch.Tensor]], rows: Sequence[int] | None = None,
@@ -435,52 +355,13 @@ class TransferDock:
         """
         start = time.perf_counter()
         columns = {name: list(cells) for name, cells in columns.items()}
-        num_rows = {len(cells) for cells in columns.values()}
-        if len(num_rows) > 1:
-            raise TransferDockError(f"put columns have different row counts "
-                                    f"{ {n: len(c) for n, c in columns.items()} }")
-        num_rows_local = num_rows.pop() if num_rows else 0
+        num_rows_local = _num_rows(columns)
         base = self.controller.base
         if rows is not None:
-            rows = [int(r) - base for r in rows]  # global ids -> the controller's local rows
-            if len(rows) != num_rows_local:
-                raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
-            if rows and min(rows) < 0:
-                raise TransferDockError(f"put of results for row {min(rows) + base}, which was "
-                                        "retired (the dock no longer holds it)")
-        shapes = {}
-        for name, cells in columns.items():
-            kinds = {(c.dtype, c.dim(), c.device) for c in cells}
-            if len({dtype for dtype, _, _ in kinds}) > 1:
-                raise TransferDockError(f"put column {name!r} mixes dtypes")
-            dims = {ndim for _, ndim, _ in kinds}
-            if len(dims) > 1:
-                raise TransferDockError(f"put column {name!r} mixes cells of {sorted(dims)} "
-                                        "dimensions; every cell of a column has the same "
-                                        "number of dimensions")
-            if any(device != self.device for _, _, device in kinds):  # stored where gets deliver
-                columns[name] = cells = [c.to(self.device) for c in cells]
-            if cells:
-                shapes[name] = (str(cells[0].dtype), _shapes(cells, dims.pop()))
-        if rows is None:
-            if token_lengths is None:
-                integer = [cells for cells in columns.values()
-                           if cells and not cells[0].is_floating_point()
-                           and not cells[0].is_complex()]
-                token_lengths = [sum(cells[i].numel() for cells in integer)
-                                 for i in range(num_rows_local)]
-            elif len(token_lengths) != num_rows_local:
-                raise TransferDockError(f"put got {len(token_lengths)} token_lengths for "
-                                        f"{num_rows_local} rows")
-        record = PutRecord(
-            num_new_rows=num_rows_local if rows is None else 0,
-            rows=rows if rows is not None else (),
-            columns=shapes,
-            token_lengths=token_lengths if rows is None else (),
-            num_rows_per_group=num_rows_per_group,
-        )
-
-        if rows is not None and self.keeps_copies:
+            rows = self._local_rows(rows, num_rows_local)
+        columns = self._on_device(columns)
+        record = self._put_record(columns, rows, token_lengths, num_rows_per_group)
+        if rows is not None and self._results_stay_put():
             # A put of results: the cells stay here and their metadata rides with
             # the next control collective, so this put needs no collective at all.
             # They enter the warehouse when that collective has validated them.
@@ -493,13 +374,7 @@ class TransferDock:
             placements = self.controller.apply_put(records)
             my_rows = (list(rows) if rows is not None
                        else self.controller.new_rows_of(records, self.rank, first_new_row))
-            if self.keeps_copies:  # every rank that computed a cell keeps it: nothing moves
-                for name, cells in columns.items():
-                    self.warehouse.write_many(name, my_rows, cells)
-                result = ExchangeResult({}, 0, 0)
-            else:
-                result = self._hand_to_homes(columns, my_rows, placements)
-
+            result = self._store(columns, my_rows, placements)
         m = self.metrics
         m.num_puts += 1
         m.rows_put += len(my_rows)
@@ -508,37 +383,51 @@ class TransferDock:
         m.seconds_put += time.perf_counter() - start
         return [r + base for r in my_rows]
 
-    def _hand_to_homes(self, columns: Mapping[str, list[torch.Tensor]], my_rows: list[int],
-                       placements: Sequence[ColumnPlacement]) -> ExchangeResult:
-        """Centralized put: the owner of each cell hands it to the rank that stores it."""
-        position = {row: i for i, row in enumerate(my_rows)}
+    def _on_device(self, columns: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+        """A put's columns checked (one dtype and number of dimensions per column)
+        and on the dock's device."""
+        for name, cells in columns.items():
+            kinds = {(c.dtype, c.dim(), c.device) for c in cells}
+            if len({dtype for dtype, _, _ in kinds}) > 1:
+                raise TransferDockError(f"put column {name!r} mixes dtypes")
+            dims = {ndim for _, ndim, _ in kinds}
+            if len(dims) > 1:
+                raise TransferDockError(f"put column {name!r} mixes cells of {sorted(dims)} "
+                                        "dimensions; every cell of a column has the same "
+                                        "number of dimensions")
+            if any(device != self.device for _, _, device in kinds):  # stored where gets deliver
+                columns[name] = [c.to(self.device) for c in cells]
+        return columns
 
-        def local_cells(column: str, cell_rows: np.ndarray) -> list[torch.Tensor]:
-            cells = columns[column]
-            return [cells[position[r]] for r in cell_rows.tolist()]
+    def _local_rows(self, rows: Sequence[int], num_rows_local: int) -> list[int]:
+        """A put of results' global row ids as the controller's local rows, checked."""
+        base = self.controller.base
+        rows = [int(r) - base for r in rows]
+        if len(rows) != num_rows_local:
+            raise TransferDockError(f"put got {len(rows)} row ids for {num_rows_local} rows")
+        if rows and min(rows) < 0:
+            raise TransferDockError(f"put of results for row {min(rows) + base}, which was "
+                                    "retired (the dock no longer holds it)")
+        return rows
 
-        outgoing, incoming = self._no_blocks(), self._no_blocks()
-        any_remote = False
-        for column, cell_rows, owners in placements:  # (column, row): the wire order
-            homes = self._senders(owners)
-            remote = homes != owners
-            mine = owners == self.rank
-            kept = cell_rows[mine & ~remote]
-            if len(kept):
-                self.warehouse.write_many(column, kept.tolist(), local_cells(column, kept))
-            if remote.any():
-                any_remote = True
-                for peer in range(self.size):
-                    send = cell_rows[mine & remote & (homes == peer)]
-                    if len(send):
-                        outgoing[peer][column] = send
-                    receive = cell_rows[(homes == self.rank) & remote & (owners == peer)]
-                    if len(receive):
-                        incoming[peer][column] = receive
-        result = self._exchange(any_remote, outgoing, incoming, local_cells,
-                                "put (moving cells to their home rank)")
-        self._keep(result.received)
-        return result
+    def _put_record(self, columns: Mapping[str, list[torch.Tensor]], rows: list[int] | None,
+                    token_lengths: Sequence[int] | None, num_rows_per_group: int) -> PutRecord:
+        """What this rank publishes about its part of a put."""
+        shapes = {name: (str(cells[0].dtype), _shapes(cells, cells[0].dim()))
+                  for name, cells in columns.items() if cells}
+        if rows is not None:
+            return PutRecord(rows=rows, columns=shapes, num_rows_per_group=num_rows_per_group)
+        num_rows = _num_rows(columns)
+        if token_lengths is None:
+            integer = [cells for cells in columns.values()
+                       if cells and not cells[0].is_floating_point()
+                       and not cells[0].is_complex()]
+            token_lengths = [sum(cells[i].numel() for cells in integer) for i in range(num_rows)]
+        elif len(token_lengths) != num_rows:
+            raise TransferDockError(f"put got {len(token_lengths)} token_lengths for "
+                                    f"{num_rows} rows")
+        return PutRecord(num_new_rows=num_rows, columns=shapes, token_lengths=token_lengths,
+                         num_rows_per_group=num_rows_per_group)
 
     def get(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
             dp_group: dist.ProcessGroup | ConsumerLayout | None = None, *,
@@ -571,6 +460,44 @@ class TransferDock:
         """
         start = time.perf_counter()
         columns = list(columns)
+        ranks_per_dp = self._consumer_ranks(consumer, columns, rows_per_dp_rank, dp_group,
+                                            whole_groups)
+        ctl = self.controller
+        rows_per_dp = ctl.plan_get(consumer, columns, rows_per_dp_rank, ranks_per_dp,
+                                   whole_groups=whole_groups)
+        my_dp = next((d for d, ranks in enumerate(ranks_per_dp) if self.rank in ranks), None)
+        m = self.metrics
+        if not any(len(rows) for rows in rows_per_dp):  # rows_per_dp_rank=0: nothing moves
+            m.num_gets += 1
+            m.seconds_get += time.perf_counter() - start
+            return (DockBatch(rows=[], columns={c: [] for c in columns}, token_lengths=[])
+                    if my_dp is not None else None)
+        moves = get_moves(ctl, columns, ranks_per_dp, rows_per_dp, self.rank, self.size,
+                          self._placement)
+        result = self._exchange(moves, self.warehouse.read_many,
+                                f"get for consumer {consumer!r}")
+        self._keep(result.received)  # what arrived and stays here serves later consumers
+        for ranks, rows in zip(ranks_per_dp, rows_per_dp):
+            ctl.mark_taken(consumer, rows)
+            ctl.mark_reached(columns, rows, ranks)
+        m.num_gets += 1
+        m.row_bytes_own += moves.own_bytes
+        m.row_bytes_sent += result.bytes_sent
+        m.row_bytes_received += result.bytes_received
+        m.bytes_sent_per_consumer[consumer] = (m.bytes_sent_per_consumer.get(consumer, 0)
+                                               + result.bytes_sent)
+        batch = None
+        if my_dp is not None:
+            batch = self._batch(columns, rows_per_dp[my_dp], moves.local, result)
+            m.rows_got += len(batch)
+        m.seconds_get += time.perf_counter() - start
+        return batch
+
+    def _consumer_ranks(self, consumer: str, columns: list[str], rows_per_dp_rank: int,
+                        dp_group: dist.ProcessGroup | ConsumerLayout | None,
+                        whole_groups: bool) -> list[list[int]]:
+        """Run a get's control collective; return the dock ranks of each of the
+        consumer's DP ranks."""
         if isinstance(dp_group, ConsumerLayout) or dp_group is None:
             my_dp_key = None
         else:
@@ -587,100 +514,24 @@ class TransferDock:
         else:
             layout = ConsumerLayout.from_dp_groups(dict(zip(self._global_ranks, dp_keys)))
         try:
-            ranks_per_dp = [[self._dock_rank_of_global[g] for g in ranks]
-                            for ranks in layout.ranks_per_dp_rank]
+            return [[self._dock_rank_of_global[g] for g in ranks]
+                    for ranks in layout.ranks_per_dp_rank]
         except KeyError as e:
             raise TransferDockError(f"get for consumer {consumer!r}: layout names rank {e}, "
                                     "which is not in the dock's group") from None
 
+    def _batch(self, columns: Sequence[str], rows: np.ndarray, local: Mapping[str, np.ndarray],
+               result: ExchangeResult) -> DockBatch:
+        """This rank's batch: the cells it served itself and the ones it received, by row."""
+        cells = {}
+        for col in columns:
+            parts = list(result.received.get(col, ()))
+            if col in local:
+                parts.append((local[col], self.warehouse.read_many(col, local[col])))
+            cells[col] = in_row_order(parts) if parts else []
         ctl = self.controller
-        rows_per_dp = ctl.plan_get(consumer, columns, rows_per_dp_rank, ranks_per_dp,
-                                   whole_groups=whole_groups)
-        my_dp = next((d for d, ranks in enumerate(ranks_per_dp) if self.rank in ranks), None)
-        if not any(len(rows) for rows in rows_per_dp):  # rows_per_dp_rank=0: nothing moves
-            self.metrics.num_gets += 1
-            self.metrics.seconds_get += time.perf_counter() - start
-            return (DockBatch(rows=[], columns={c: [] for c in columns}, token_lengths=[])
-                    if my_dp is not None else None)
-        outgoing, incoming, local, any_remote, own_bytes = self._plan_moves(
-            columns, ranks_per_dp, rows_per_dp)
-        result = self._exchange(any_remote, outgoing, incoming, self.warehouse.read_many,
-                                f"get for consumer {consumer!r}")
-        if self.keeps_copies:  # what arrived stays here for later consumers
-            self._keep(result.received)
-        for ranks, rows in zip(ranks_per_dp, rows_per_dp):
-            ctl.mark_taken(consumer, rows)
-            ctl.mark_reached(columns, rows, ranks)
-
-        m = self.metrics
-        m.num_gets += 1
-        m.row_bytes_own += own_bytes
-        m.row_bytes_sent += result.bytes_sent
-        m.row_bytes_received += result.bytes_received
-        m.bytes_sent_per_consumer[consumer] = (m.bytes_sent_per_consumer.get(consumer, 0)
-                                               + result.bytes_sent)
-        batch = None
-        if my_dp is not None:
-            rows = rows_per_dp[my_dp]
-            cells = {}
-            for col in columns:
-                parts = list(result.received.get(col, ()))
-                if col in local:
-                    parts.append((local[col], self.warehouse.read_many(col, local[col])))
-                cells[col] = _in_row_order(parts) if parts else []
-            batch = DockBatch(rows=(rows + ctl.base).tolist(), columns=cells,
-                              token_lengths=ctl.token_length[rows].tolist())
-            m.rows_got += len(rows)
-        m.seconds_get += time.perf_counter() - start
-        return batch
-
-    def _plan_moves(self, columns: Sequence[str], ranks_per_dp: Sequence[Sequence[int]],
-                    rows_per_dp: Sequence[np.ndarray]):
-        """This rank's part of a get's data movement, from the replicated metadata.
-
-        Returns ``(outgoing, incoming, local, any_remote, own_bytes)``: the blocks
-        this rank sends to / receives from each peer (``{column: rows}``; the
-        order (column, rows ascending) is the wire order both ends agree on), the
-        rows per column it delivers from its own warehouse, whether any cell
-        crosses ranks anywhere, and this rank's own share of the bytes.
-        Vectorised over columns: every rank runs this on every get.
-        """
-        ctl = self.controller
-        outgoing, incoming = self._no_blocks(), self._no_blocks()
-        local: dict[str, np.ndarray] = {}
-        any_remote = False
-        own_bytes = 0
-        metas = [ctl.columns[c] for c in columns]
-        for ranks, rows in zip(ranks_per_dp, rows_per_dp):
-            if not len(rows):
-                continue
-            owners = np.stack([meta.owner[rows] for meta in metas])  # [columns, rows]
-            reached = np.stack([meta.reached[rows] for meta in metas])
-            senders = self._senders(owners)
-            for dst in ranks:
-                # This rank's share of what any placement must move: cells it
-                # consumes for the first time, or computed and dst consumes first.
-                first_time = ~ctl.rank_sets.contains(reached, dst)
-                if dst != self.rank:
-                    first_time &= owners == self.rank
-                for i in np.flatnonzero(first_time.any(axis=1)).tolist():
-                    own_bytes += int(metas[i].nbytes(rows[first_time[i]]).sum())
-                missing = ~self._held_by(dst, reached)
-                any_remote = any_remote or bool(missing.any())
-                if dst == self.rank:
-                    for i, col in enumerate(columns):
-                        if not missing[i].any():
-                            local[col] = rows
-                            continue
-                        if not missing[i].all():
-                            local[col] = rows[~missing[i]]
-                        for peer in np.unique(senders[i][missing[i]]).tolist():
-                            incoming[peer][col] = rows[missing[i] & (senders[i] == peer)]
-                else:
-                    send = missing & (senders == self.rank)
-                    for i in np.flatnonzero(send.any(axis=1)).tolist():
-                        outgoing[dst][columns[i]] = rows[send[i]]
-        return outgoing, incoming, local, any_remote, own_bytes
+        return DockBatch(rows=(rows + ctl.base).tolist(), columns=cells,
+                         token_lengths=ctl.token_length[rows].tolist())
 
     def retire(self, rows: Sequence[int] | None = None) -> None:
         """Drop ``rows`` (global ids; all rows when None): their cells leave every

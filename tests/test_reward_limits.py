@@ -1,0 +1,143 @@
+"""Rewards on adversarial model output: every pattern finishes within the worker limit.
+
+The inputs are benchmarks/bench_rewards.py's catalogue of the worst inputs constructed
+for each pattern; the benchmark times them, these tests only assert that each call ends
+within the per-call limit of a reward worker (rl_config.reward_timeout_s's default).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from mindspeed_rl.config.schema import RLConfig
+from mindspeed_rl.rewards import get_verifier
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_rewards", ROOT / "benchmarks" / "bench_rewards.py")
+bench_rewards = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_rewards)
+
+WORKER_LIMIT_S = RLConfig().reward_timeout_s
+SIZE = 64 * 1024
+
+
+class _PastTheLimit(BaseException):  # not swallowed by a verifier's except Exception
+    pass
+
+
+def _raise_past_the_limit(signum, frame):
+    raise _PastTheLimit
+
+
+@pytest.mark.parametrize("pattern", sorted(bench_rewards.ADVERSARIAL))
+def test_adversarial_output_finishes_within_the_worker_limit(pattern):
+    verifier, inputs = bench_rewards.ADVERSARIAL[pattern]
+    fn = get_verifier(verifier)
+    # SIGALRM interrupts a backtracking regex too (the regex engine polls for signals),
+    # so a regression fails here instead of hanging the test run.
+    previous = signal.signal(signal.SIGALRM, _raise_past_the_limit)
+    try:
+        for name, make in inputs.items():
+            text = make(SIZE)
+            assert len(text) >= SIZE - 64
+            start = time.perf_counter()
+            signal.setitimer(signal.ITIMER_REAL, WORKER_LIMIT_S)
+            try:
+                fn(text, "43")
+            except _PastTheLimit:
+                pass  # failed below, outside the interrupted frame
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            assert time.perf_counter() - start < WORKER_LIMIT_S, (
+                f"{verifier} on {name!r} ({len(text)} characters) ran past the worker limit "
+                f"of {WORKER_LIMIT_S} s")
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+# ---- the reward worker pool ------------------------------------------------------------------
+
+import reward_verifiers_for_tests  # noqa: E402,F401 - registers the misbehaving verifiers
+
+from mindspeed_rl.rewards import (RewardLimits, RewardPool, RewardPoolError,  # noqa: E402
+                                  compute_rewards, register_verifier, registered_verifiers)
+
+# math-verify's own SIGALRM timeout does not stop this one everywhere (Math-Verify's
+# "forever hang" report: sympy on a tower of powers).
+SYMPY_TOWER = (r"The answer is \boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4"
+               r"\right)} - 5}{16}}")
+REAL_VERIFIERS = [name for name in registered_verifiers() if not name.startswith("test_")]
+
+
+@pytest.fixture
+def pool():
+    names = REAL_VERIFIERS + ["test_bigint_in_c", "test_raises", "test_exits"]
+    pool = RewardPool(2, RewardLimits(call_timeout_s=3.0, batch_timeout_s=240.0), names)
+    yield pool
+    pool.close()
+
+
+def test_every_verifier_on_adversarial_output_finishes_in_the_pool(pool, capfd):
+    """Each verifier on the 64 KB worst inputs and the sympy tower, plus a verifier stuck
+    in C, one that raises and one whose process dies: the batch ends within its budget,
+    the failed calls are counted and named with their rows, and the pool goes on."""
+    responses = [next(iter(inputs.values()))(SIZE)
+                 for _, inputs in bench_rewards.ADVERSARIAL.values()]
+    responses += [SYMPY_TOWER, "power", "raise", "exit"]
+    labels = [f"train.jsonl row {i}" for i in range(len(responses))]
+    names = REAL_VERIFIERS + ["test_bigint_in_c", "test_raises", "test_exits"]
+    start = time.monotonic()
+    total, per = compute_rewards(responses, ["43"] * len(responses), names, [1.0] * len(names),
+                                 row_labels=labels, pool=pool)
+    assert time.monotonic() - start < pool.limits.batch_timeout_s
+    timeouts, errors = pool.take_counts()
+    assert timeouts >= 1 and errors == 2  # the C call; the exception and the dead worker
+    assert per["test_bigint_in_c"][-3].item() == -2.0  # the verifier's failed score
+    assert per["test_raises"][-2].item() == 0.0 and per["test_exits"][-1].item() == 0.0
+    log = capfd.readouterr().err
+    assert (f"reward: verifier 'test_bigint_in_c' timed out on train.jsonl row "
+            f"{len(responses) - 3} (ran past rl_config.reward_timeout_s=3 s") in log
+    assert (f"verifier 'test_raises' failed on train.jsonl row {len(responses) - 2} (raised "
+            "ValueError: a verifier bug on this response)") in log
+    assert "verifier 'test_exits' failed on train.jsonl row" in log and "exit status 3" in log
+    assert pool.take_counts() == (0, 0)
+    # the job goes on: the replaced workers score the next batch
+    total, _ = compute_rewards(["37 + 6 = 43. So the answer is 43."], ["43"],
+                               ["integer_answer", "test_exits"], [1.0, 1.0], pool=pool)
+    assert total.tolist() == [2.0] and pool.take_counts() == (0, 0)
+
+
+def test_batch_budget_scores_the_unfinished_calls_as_failed(capfd):
+    pool = RewardPool(2, RewardLimits(call_timeout_s=60.0, batch_timeout_s=8.0,
+                                      failed_score=-5.0), ["test_bigint_in_c"])
+    try:
+        start = time.monotonic()
+        _, per = compute_rewards(["power"] * 5 + ["ok"], ["1"] * 6, ["test_bigint_in_c"], [1.0],
+                                 pool=pool)
+        assert time.monotonic() - start < 8.0 + 5.0  # the budget, and killing the workers
+        assert per["test_bigint_in_c"].tolist()[:5] == [-5.0] * 5
+        assert pool.take_counts()[0] >= 5
+        assert "ran past its budget of 8 s (rl_config.reward_batch_timeout_s)" in capfd.readouterr().err
+    finally:
+        pool.close()
+    assert all(w.process.poll() is not None for w in pool._workers)
+
+
+def test_a_verifier_the_workers_cannot_import_is_named():
+    @register_verifier("test_local_closure")
+    def local(response: str, answer: str) -> float:
+        return 1.0
+
+    pool = RewardPool(1, RewardLimits(), ["integer_answer"])
+    try:
+        with pytest.raises(RewardPoolError, match=r"verifier 'test_local_closure' \(from "
+                                                  r"test_reward_limits\) is not registered in a "
+                                                  r"reward worker.*reward_workers: 0"):
+            compute_rewards(["43"], ["43"], ["test_local_closure"], [1.0], pool=pool)
+    finally:
+        pool.close()

@@ -273,7 +273,7 @@ def _train_worker(causal_dir, ckpt_dir, cases):
 
 
 def _errors_worker(causal_dir, lm_mg_dir, two_label_dir):
-    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.errors import CheckpointError
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
     from mindspeed_rl.models.value_head import build_value_model, load_value_weights
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel

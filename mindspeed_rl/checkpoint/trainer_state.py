@@ -25,11 +25,11 @@ import torch.distributed as dist
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
 from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _root_cause,
                                                   check_checkpoint_fits, checkpoint_path,
                                                   iteration_dir_name, write_meta)
+from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault import injection
 from mindspeed_rl.fault.collective import collective_failure_kind
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 
 _TRACKER = "latest_checkpointed_iteration.txt"
 _META = "mindspeed_rl_meta.json"

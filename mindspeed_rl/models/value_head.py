@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.models.architecture import ModelArchitecture
 from mindspeed_rl.models.weight_map import COPY, GLOBAL, Rule, WeightMap
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from mindspeed_rl.errors import TransferDockError, TransferDockTimeoutError
 from mindspeed_rl.transfer_dock.assignment import assign_units, greedy_balance, token_spread
 from mindspeed_rl.transfer_dock.centralized import CentralizedTransferDock
-from mindspeed_rl.transfer_dock.controller import Controller, TransferDockError
-from mindspeed_rl.transfer_dock.dock import (ConsumerLayout, DockBatch, DockMetrics, TransferDock,
-                                             TransferDockTimeoutError)
+from mindspeed_rl.transfer_dock.controller import Controller
+from mindspeed_rl.transfer_dock.dock import ConsumerLayout, DockBatch, DockMetrics, TransferDock
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 
 TRANSFER_DOCK_MODES = {"distributed": TransferDock, "centralized": CentralizedTransferDock}

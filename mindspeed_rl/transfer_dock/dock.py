@@ -37,8 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.transfer_dock.controller import (ColumnPlacement, Controller, PutRecord,
-                                                    TransferDockError)
+from mindspeed_rl.errors import TransferDockError, TransferDockTimeoutError
+from mindspeed_rl.transfer_dock.controller import ColumnPlacement, Controller, PutRecord
 from mindspeed_rl.transfer_dock.exchange import ExchangeResult, exchange_blocks
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 
@@ -79,10 +79,6 @@ def _without_rows(record: PutRecord, cells: list[tuple[str, list[torch.Tensor]]]
     columns = {name: (dtype, shapes[keep]) for name, (dtype, shapes) in record.columns.items()}
     return (PutRecord(rows=record.rows[keep] - shift, columns=columns),
             [(name, [c[i] for i in index]) for name, c in cells])
-
-
-class TransferDockTimeoutError(TransferDockError):
-    """A dock collective did not complete within the configured timeout."""
 
 
 @dataclass(frozen=True)

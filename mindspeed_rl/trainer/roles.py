@@ -136,7 +136,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
                                         ledger, pin)
 
     if config.critic_config is not None:
-        from mindspeed_rl.models.value_head import load_value_weights
+        from mindspeed_rl.checkpoint.weight_source import load_value_weights
 
         cc = config.critic_config
         value_model = _scalar_head_model(arch, model_options, seed=mt.seed,
@@ -157,7 +157,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
             pin)
 
     if config.reward_config is not None:
-        from mindspeed_rl.models.value_head import load_value_weights
+        from mindspeed_rl.checkpoint.weight_source import load_value_weights
 
         rc = config.reward_config
         rm_arch = reward_model_architecture(rc.load, arch, model_dir)

@@ -235,8 +235,8 @@ def test_legacy_checkpoint_that_would_run_code_is_refused(legacy_qwen2, tmp_path
 
     import torch
 
-    from mindspeed_rl.checkpoint.errors import CheckpointError
     from mindspeed_rl.checkpoint.legacy_megatron import read_legacy_file
+    from mindspeed_rl.errors import CheckpointError
 
     _, load = legacy_qwen2
     good = load / "iter_0000007" / "mp_rank_00" / "model_optim_rng.pt"

@@ -81,10 +81,11 @@ def _parity_worker(cases, resave_root):
     import torch.distributed as dist
 
     from mindspeed_rl.checkpoint.megatron_dir import save_megatron_checkpoint, write_meta
+    from mindspeed_rl.checkpoint.parity import load_megatron_model
     from mindspeed_rl.models.builder import describe_hf_dir
     from mindspeed_rl.models.hf_io import copy_metadata_files
     from mindspeed_rl.models.parity import (
-        load_megatron_model, max_abs_diff_global, megatron_logits, random_tokens, transformers_logits,
+        max_abs_diff_global, megatron_logits, random_tokens, transformers_logits,
     )
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout

@@ -68,11 +68,12 @@ def _worker(hf_dir: str):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.config.schema import ActorConfig, CriticConfig, RLConfig
     from mindspeed_rl.models.builder import (build_gpt_model, build_transformer_config,
                                              describe_hf_dir, load_hf_weights)
     from mindspeed_rl.models.hf_io import HFCheckpointReader
-    from mindspeed_rl.models.value_head import build_value_model, load_value_weights
+    from mindspeed_rl.models.value_head import build_value_model
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform

@@ -10,7 +10,8 @@ import torch
 
 from mindspeed_rl.transfer_dock.assignment import (assign_units, greedy_balance, token_spread,
                                                    tokens_per_bin)
-from mindspeed_rl.transfer_dock.controller import Controller, PutRecord, TransferDockError
+from mindspeed_rl.transfer_dock import TransferDockError
+from mindspeed_rl.transfer_dock.controller import Controller, PutRecord
 
 
 def test_greedy_balance_fills_every_bin_exactly():

@@ -78,9 +78,10 @@ def _init(tp: int, pp: int, sp: bool = False) -> None:
 
 def _reward_worker(cases):
     """Megatron reward scores vs transformers' AutoModelForSequenceClassification."""
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
     from mindspeed_rl.models.parity import max_abs_diff_global, megatron_forward, transformers_scores
-    from mindspeed_rl.models.value_head import build_value_model, last_token_values, load_value_weights
+    from mindspeed_rl.models.value_head import build_value_model, last_token_values
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
     results = {}
@@ -113,11 +114,10 @@ def _critic_worker(cases):
     """Critics from CausalLM dirs: head init and values at every layout."""
     from transformers import AutoModel
 
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
     from mindspeed_rl.models.parity import max_abs_diff_global, megatron_forward
-    from mindspeed_rl.models.value_head import (
-        build_value_model, head_init_std, initial_head_weight, load_value_weights,
-    )
+    from mindspeed_rl.models.value_head import build_value_model, head_init_std, initial_head_weight
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
     results = {}
@@ -214,9 +214,10 @@ def _train_worker(causal_dir, ckpt_dir, cases):
     import torch.distributed as dist
 
     from mindspeed_rl.checkpoint.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
     from mindspeed_rl.models.parity import megatron_forward
-    from mindspeed_rl.models.value_head import build_value_model, load_value_weights
+    from mindspeed_rl.models.value_head import build_value_model
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
     arch = describe_hf_dir(causal_dir)
@@ -273,9 +274,10 @@ def _train_worker(causal_dir, ckpt_dir, cases):
 
 
 def _errors_worker(causal_dir, lm_mg_dir, two_label_dir):
-    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
+    from mindspeed_rl.errors import CheckpointError
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
-    from mindspeed_rl.models.value_head import build_value_model, load_value_weights
+    from mindspeed_rl.models.value_head import build_value_model
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
     messages = {}

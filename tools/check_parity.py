@@ -60,8 +60,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch.distributed as dist
 
-    from mindspeed_rl.checkpoint.errors import CheckpointError
-    from mindspeed_rl.models.parity import check_parity
+    from mindspeed_rl.checkpoint.parity import check_parity
+    from mindspeed_rl.errors import CheckpointError
     from mindspeed_rl.parallel.groups import init_distributed
     from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
     from mindspeed_rl.platform import setup_platform

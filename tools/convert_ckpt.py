@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mindspeed_rl.checkpoint.convert import convert
-    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.errors import CheckpointError
     from mindspeed_rl.models.architecture import UnsupportedConfigError
     from mindspeed_rl.models.registry import UnsupportedArchitectureError
 

@@ -17,12 +17,12 @@ from typing import Iterator
 
 import torch
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.gguf import find_gguf_file, gguf_to_hf_dir
 from mindspeed_rl.checkpoint.megatron_dir import (
     checkpoint_tensor_keys, load_megatron_checkpoint, read_meta, save_megatron_checkpoint, write_meta,
 )
 from mindspeed_rl.checkpoint.staging import check_output_dir, staged_output_dir
+from mindspeed_rl.errors import CheckpointError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

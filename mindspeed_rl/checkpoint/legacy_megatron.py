@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.megatron_dir import TRACKER_FILE, iteration_dir_name
+from mindspeed_rl.errors import CheckpointError
 
 MODEL_FILE = "model_optim_rng.pt"
 _RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")

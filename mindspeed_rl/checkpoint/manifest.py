@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "mindspeed_rl.checkpoint_manifest"

@@ -23,9 +23,9 @@ from typing import Collection
 
 import torch.distributed as dist
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.manifest import (MANIFEST_FILE, describe_files, verify_checkpoint,
                                               write_manifest)
+from mindspeed_rl.errors import CheckpointError
 
 META_FILE = "mindspeed_rl_meta.json"
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 
 
 def check_output_dir(save_dir: str | os.PathLike, overwrite: bool) -> None:

@@ -25,13 +25,13 @@ import torch.distributed as dist
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
 from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _root_cause,
                                                   check_checkpoint_fits, checkpoint_path,
                                                   iteration_dir_name, write_meta)
-from mindspeed_rl.fault import injection
+from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault.collective import collective_failure_kind
+from mindspeed_rl.fault.phases import injection_point
 
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -146,7 +146,7 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
             dist_checkpointing.save(_state_dict(trainables, common, loading=False,
                                                 with_optimizer=stepped, with_rng=True,
                                                 per_rank=per_rank), str(tmp))
-            injection.point("checkpoint_write")  # test hook (MINDSPEED_RL_FAULT_INJECT)
+            injection_point("checkpoint_write")  # test hook (MINDSPEED_RL_FAULT_INJECT)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported everywhere
             if collective_failure_kind(exc):  # a lost rank: the agreement below cannot happen
                 raise

@@ -16,15 +16,17 @@ The reference model is ``ref_config.load`` when set; otherwise the weights the r
 started from: on a fresh start the actor's starting weights, on a resume the starting
 source recorded in the checkpoint (``initial_weights`` of its common state).
 
-Classifying sources reads only file names; `load_weights` needs torch and megatron.
+Classifying sources reads only file names; `load_weights` and `load_value_weights` (a
+critic's or reward model's scalar-head model) need torch and megatron.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 
 _TRACKER = "latest_checkpointed_iteration.txt"
 _META = "mindspeed_rl_meta.json"
@@ -148,6 +150,41 @@ def load_weights(model, arch, source: WeightSource) -> None:
         from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
 
         load_legacy_megatron_checkpoint(model, arch, source.path, iteration=source.iteration)
+
+
+def load_value_weights(model, arch, load_dir: str | os.PathLike, *,
+                       require_score_head: bool = False, iteration: int | None | str = "latest") -> bool:
+    """Fill this rank's stage of a `build_value_model` model; returns whether the head was loaded.
+
+    ``load_dir`` is an HF directory (config.json + safetensors) or a megatron checkpoint
+    directory (``mindspeed_rl_meta.json``; ``iteration`` picks the folder, default the
+    tracker's). With a score head in the checkpoint (``score.weight`` / ``value_head.weight``)
+    body and head are loaded. Without one the body is loaded (``lm_head.weight`` /
+    ``output_layer.weight`` ignored) and the head keeps its seeded init; with
+    ``require_score_head=True`` that case raises `CheckpointError` naming the file instead,
+    as does an HF dir whose config.json names a ``*ForSequenceClassification`` class but
+    that holds no ``score.weight``. A ``score.weight`` other than ``[1, hidden]``
+    (``num_labels`` > 1) is refused. Call on every rank (megatron checkpoints load
+    collectively).
+    """
+    from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, checkpoint_path, checkpoint_tensor_keys,
+                                                      load_megatron_checkpoint)
+    from mindspeed_rl.models.hf_io import HFCheckpointReader
+    from mindspeed_rl.models.value_head import (VALUE_HEAD, load_value_weights_from_hf,
+                                                no_score_head_error)
+
+    load_dir = Path(load_dir)
+    if not (load_dir / META_FILE).is_file():
+        return load_value_weights_from_hf(model, arch, HFCheckpointReader(load_dir),
+                                          require_score_head=require_score_head)
+    if VALUE_HEAD in checkpoint_tensor_keys(load_dir, iteration):
+        load_megatron_checkpoint(model, load_dir, iteration)
+        return True
+    if require_score_head:
+        raise no_score_head_error(str(checkpoint_path(load_dir, iteration)),
+                                  f"the megatron checkpoint {load_dir} (an LM: it stores no {VALUE_HEAD!r})")
+    load_megatron_checkpoint(model, load_dir, iteration, exclude=(VALUE_HEAD,))
+    return False
 
 
 def recorded_start(load: str | Path) -> dict | None:

@@ -7,9 +7,10 @@
   boundary, agreed by all ranks;
 - :mod:`~mindspeed_rl.fault.nonfinite`: NaN/Inf loss or gradient -> the optimizer step is
   skipped on every rank;
-- :mod:`~mindspeed_rl.fault.launch_guard`: the launchers' one-line errors and exit statuses;
 - :mod:`~mindspeed_rl.fault.torchrun`: torchrun with a one-line failure summary;
 - :mod:`~mindspeed_rl.fault.injection`: the test hook that hangs or kills a rank at a phase.
 
+The launchers' one-line errors and exit statuses are mindspeed_rl/trainer/launch_guard.py
+(it sorts the exceptions of every layer, so it sits on top, beside the launchers' bootstrap).
 docs/reliability.md lists every fault and bad input with its message and its test.
 """

@@ -32,7 +32,7 @@ def collective_failure_kind(exc: BaseException) -> str | None:
     """``"timeout"``, ``"lost peer"`` or None (not a failed collective)."""
     import torch.distributed as dist
 
-    from mindspeed_rl.transfer_dock import TransferDockTimeoutError
+    from mindspeed_rl.errors import TransferDockTimeoutError
 
     kind = None
     for e in _chain(exc):
@@ -47,7 +47,7 @@ def collective_failure_kind(exc: BaseException) -> str | None:
 
 
 def _dock_call(exc: BaseException) -> str | None:
-    from mindspeed_rl.transfer_dock import TransferDockTimeoutError
+    from mindspeed_rl.errors import TransferDockTimeoutError
 
     for e in _chain(exc):
         if isinstance(e, TransferDockTimeoutError):

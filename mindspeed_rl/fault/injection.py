@@ -7,8 +7,9 @@ Set ``MINDSPEED_RL_FAULT_INJECT`` to one or more comma-separated specs::
 - ``point``: a trainer phase (``rollout``, ``resharding_to_infer``, ``resharding_to_train``,
   ``reward``, ``adv``, ``old_log_p``, ``reference_model``, ``update``, ``checkpoint``,
   ``all``, ``startup``) — the rank acts right after entering it and publishing it — or an
-  explicit point inside a phase: ``checkpoint_write`` (after this rank wrote its shards,
-  before the ranks agree the save is complete).
+  explicit point inside a phase (``injection_point`` in fault/phases.py, which knows the
+  rank and iteration): ``checkpoint_write`` (after this rank wrote its shards, before the
+  ranks agree the save is complete).
 - ``rank``: the global rank that fails; ``iteration``: only in that iteration (default:
   the first time the point is reached).
 - ``action``: ``stop`` (SIGSTOP itself: a hung rank, the default), ``kill`` (SIGKILL
@@ -80,12 +81,3 @@ def at_phase(point: str, rank: int, iteration: int) -> None:
         if (spec.point == point and spec.rank == rank and spec not in _fired
                 and spec.iteration in (None, iteration)):
             _act(spec, iteration)
-
-
-def point(name: str) -> None:
-    """An explicit injection point inside a phase (e.g. ``checkpoint_write``)."""
-    if not os.environ.get(ENV):
-        return
-    from mindspeed_rl.fault.phases import tracker
-
-    at_phase(name, tracker.rank, tracker.iteration)

@@ -204,3 +204,11 @@ class PhaseTracker:
 
 tracker = PhaseTracker()
 """This process's tracker (one rank per process)."""
+
+
+def injection_point(name: str) -> None:
+    """An explicit injection point inside a phase (e.g. ``checkpoint_write``): the test hook
+    of mindspeed_rl/fault/injection.py at this rank and iteration (no-op when unset)."""
+    if not os.environ.get(injection.ENV):
+        return
+    injection.at_phase(name, tracker.rank, tracker.iteration)

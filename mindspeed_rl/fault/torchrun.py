@@ -9,7 +9,7 @@ on a node whose peer node died), printed after the error that matters. This wrap
 prints instead, as the last line:
 
 - the root cause's own one-line error (the launchers write it to torchrun's per-rank
-  error file; :mod:`mindspeed_rl.fault.launch_guard`), preferring a rank's own error
+  error file; :mod:`mindspeed_rl.trainer.launch_guard`), preferring a rank's own error
   over the "lost its peer" reports of the ranks it left behind; or how a rank died
   (``rank 1 (pid ...) was killed by SIGKILL``);
 - on a node whose rendezvous host went away: that the job's other node ended;

@@ -1,6 +1,6 @@
 """Metrics: per-iteration scalars to JSONL/TensorBoard/wandb/console, phase timers, progress bars.
 
-See ``docs_metrics.md`` for the metric keys, the files written and how to plot them
+See docs/metrics.md for the metric keys, the files written and how to plot them
 (``tools/plot_metrics.py``).
 """
 

@@ -14,7 +14,7 @@ from typing import Callable, Collection, Iterator
 
 import torch
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.models.architecture import ModelArchitecture
 from mindspeed_rl.models.hf_io import HFCheckpointReader, load_hf_config
 from mindspeed_rl.models.registry import describe_model

@@ -16,7 +16,7 @@ from typing import Iterable
 
 import torch
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"

@@ -1,10 +1,12 @@
-"""Logit parity of a megatron checkpoint against transformers on the HF weights.
+"""Logit parity of a megatron model against transformers: the pieces.
 
-Used by tools/check_parity.py and the parity tests. Every rank runs the same random
-token batch; the megatron logits (gathered over TP, from the last PP stage) are
-compared with transformers' eager fp32 logits on the real vocabulary columns. For a
-scalar-head checkpoint (reward model) the scores are compared with
-``AutoModelForSequenceClassification``'s, per position and pooled.
+Every rank runs the same random token batch (`random_tokens`); the megatron logits
+(`megatron_logits`: gathered over TP, from the last PP stage) are compared with
+transformers' eager fp32 logits (`transformers_logits`) on the real vocabulary columns.
+For a scalar-head model (reward model) the scores are compared with
+``AutoModelForSequenceClassification``'s (`transformers_scores`), per position and pooled.
+Loading a checkpoint and comparing it (tools/check_parity.py) is
+mindspeed_rl/checkpoint/parity.py.
 """
 
 from __future__ import annotations
@@ -88,68 +90,8 @@ def transformers_scores(hf_dir, tokens: torch.Tensor) -> tuple[torch.Tensor, tor
     return per_position[0].squeeze(-1), pooled.squeeze(-1)
 
 
-def load_megatron_model(mg_dir, layout, *, seed: int = 1234):
-    """Initialise megatron at ``layout`` and load ``mg_dir`` into this rank's shard.
-
-    Returns (model, arch). A checkpoint with a scalar head (a converted reward model, a
-    critic) gives a `value_head.GPTValueModel`. Call `destroy_megatron_parallel()` when done.
-    """
-    from mindspeed_rl.checkpoint.megatron_dir import checkpoint_tensor_keys, load_megatron_checkpoint
-    from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, describe_hf_dir
-    from mindspeed_rl.models.value_head import VALUE_HEAD, build_value_model
-    from mindspeed_rl.parallel.groups import initialize_megatron_parallel
-    from mindspeed_rl.platform import setup_platform
-
-    setup_platform()
-    arch = describe_hf_dir(mg_dir)
-    layout.check_model(num_attention_heads=arch.transformer_config_kwargs["num_attention_heads"],
-                       num_query_groups=arch.transformer_config_kwargs["num_query_groups"],
-                       num_layers=arch.num_layers, num_experts=arch.num_experts)
-    scalar_head = VALUE_HEAD in checkpoint_tensor_keys(mg_dir)
-    initialize_megatron_parallel(layout, seed=seed)
-    build = build_value_model if scalar_head else build_gpt_model
-    model = build(arch, build_transformer_config(arch))
-    load_megatron_checkpoint(model, mg_dir)
-    return model, arch
-
-
 def max_abs_diff_global(local: torch.Tensor | None) -> float:
     """max |x| over the ranks that hold x (the last PP stage), agreed on by every rank."""
     value = torch.tensor([float(local.abs().max()) if local is not None else 0.0], dtype=torch.float64)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
-
-
-def check_parity(hf_dir, mg_dir, layout, *, seq_length: int = 32, batch_size: int = 2,
-                 seed: int = 0, reference: torch.Tensor | None = None) -> float:
-    """max |megatron logits - transformers logits| at ``layout`` (same value on every rank).
-
-    ``reference`` reuses transformers logits computed earlier for the same tokens. For a
-    scalar-head checkpoint the logits are the sequence classifier's scores: per position
-    and pooled at the last non-pad token.
-    """
-    from megatron.core import parallel_state as ps
-
-    from mindspeed_rl.models import value_head
-    from mindspeed_rl.parallel.groups import destroy_megatron_parallel
-
-    model, arch = load_megatron_model(mg_dir, layout)
-    try:
-        tokens = random_tokens(arch.vocab_size, batch_size, seq_length, seed)
-        if isinstance(model, value_head.GPTValueModel):
-            values = megatron_forward(model, tokens)  # [b, s]
-            diff = None
-            if values is not None:
-                per_position, pooled = transformers_scores(hf_dir, tokens)
-                pad = arch.hf_config.pad_token_id
-                diff = torch.cat([(values - per_position).flatten(),
-                                  value_head.last_token_values(values, tokens, pad) - pooled])
-            return max_abs_diff_global(diff)
-        logits = megatron_logits(model, tokens)
-        diff = None
-        if ps.is_pipeline_last_stage():
-            ref = reference if reference is not None else transformers_logits(hf_dir, tokens)
-            diff = logits[..., : arch.vocab_size] - ref
-        return max_abs_diff_global(diff)
-    finally:
-        destroy_megatron_parallel()

@@ -16,8 +16,9 @@ API (everything else in this module serves these):
   (float32, whatever the params dtype; identical on every TP rank, also under
   sequence parallelism); the other stages return their hidden states, as any
   megatron stage does inside the pipeline schedule.
-- `load_value_weights(model, arch, load_dir, *, require_score_head=False)` fills the
-  model from an HF directory or a megatron checkpoint directory (any layout):
+- `load_value_weights_from_hf(model, arch, reader, *, require_score_head=False)` fills the
+  model from an open HF checkpoint (`load_value_weights` in checkpoint/weight_source.py
+  takes an HF directory or a megatron checkpoint directory of any layout):
   with a score head (sequence-classification HF dir, converted reward model, critic
   checkpoint) everything is loaded; without one (CausalLM HF dir, LM megatron
   checkpoint) the body is loaded, ``lm_head`` / ``output_layer`` ignored, and the head
@@ -44,12 +45,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-from pathlib import Path
 
 import torch
 
-from mindspeed_rl.checkpoint.errors import CheckpointError
+from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.models.architecture import ModelArchitecture
 from mindspeed_rl.models.weight_map import COPY, GLOBAL, Rule, WeightMap
 
@@ -209,7 +208,7 @@ def build_value_model(arch: ModelArchitecture, config, *, head_seed: int = 0,
 # ---------------------------------------------------------------------------------------
 # weights
 # ---------------------------------------------------------------------------------------
-def _no_score_head(where: str, what: str) -> CheckpointError:
+def no_score_head_error(where: str, what: str) -> CheckpointError:
     return CheckpointError(
         f"{where}: {what} has no score head ({SCORE!r} / megatron {VALUE_HEAD!r}), so it cannot be "
         "used as a reward model; use a sequence-classification checkpoint with num_labels=1 "
@@ -239,7 +238,8 @@ def _check_score_shape(reader, hidden_size: int) -> None:
 
 def load_value_weights_from_hf(model, arch: ModelArchitecture, reader, *, require_score_head: bool = False,
                                progress=None) -> bool:
-    """`load_value_weights` for an open `HFCheckpointReader`; returns whether the head was loaded."""
+    """``checkpoint.weight_source.load_value_weights`` for an open `HFCheckpointReader`;
+    returns whether the head was loaded."""
     from mindspeed_rl.models.builder import load_hf_weights
 
     varch = value_architecture(arch)
@@ -249,41 +249,8 @@ def load_value_weights_from_hf(model, arch: ModelArchitecture, reader, *, requir
         return True
     if require_score_head or is_sequence_classification(reader.config):
         archs = getattr(reader.config, "architectures", None) or ["?"]
-        raise _no_score_head(_hf_files(reader), f"{reader.dir} ({archs[0]})")
+        raise no_score_head_error(_hf_files(reader), f"{reader.dir} ({archs[0]})")
     load_hf_weights(model, varch, reader, progress=progress, exclude=(VALUE_HEAD,))
-    return False
-
-
-def load_value_weights(model, arch: ModelArchitecture, load_dir: str | os.PathLike, *,
-                       require_score_head: bool = False, iteration: int | None | str = "latest") -> bool:
-    """Fill this rank's stage of a `build_value_model` model; returns whether the head was loaded.
-
-    ``load_dir`` is an HF directory (config.json + safetensors) or a megatron checkpoint
-    directory (``mindspeed_rl_meta.json``; ``iteration`` picks the folder, default the
-    tracker's). With a score head in the checkpoint (``score.weight`` / ``value_head.weight``)
-    body and head are loaded. Without one the body is loaded (``lm_head.weight`` /
-    ``output_layer.weight`` ignored) and the head keeps its seeded init; with
-    ``require_score_head=True`` that case raises `CheckpointError` naming the file instead,
-    as does an HF dir whose config.json names a ``*ForSequenceClassification`` class but
-    that holds no ``score.weight``. A ``score.weight`` other than ``[1, hidden]``
-    (``num_labels`` > 1) is refused. Call on every rank (megatron checkpoints load
-    collectively).
-    """
-    from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, checkpoint_path, checkpoint_tensor_keys,
-                                                      load_megatron_checkpoint)
-    from mindspeed_rl.models.hf_io import HFCheckpointReader
-
-    load_dir = Path(load_dir)
-    if not (load_dir / META_FILE).is_file():
-        return load_value_weights_from_hf(model, arch, HFCheckpointReader(load_dir),
-                                          require_score_head=require_score_head)
-    if VALUE_HEAD in checkpoint_tensor_keys(load_dir, iteration):
-        load_megatron_checkpoint(model, load_dir, iteration)
-        return True
-    if require_score_head:
-        raise _no_score_head(str(checkpoint_path(load_dir, iteration)),
-                             f"the megatron checkpoint {load_dir} (an LM: it stores no {VALUE_HEAD!r})")
-    load_megatron_checkpoint(model, load_dir, iteration, exclude=(VALUE_HEAD,))
     return False
 
 

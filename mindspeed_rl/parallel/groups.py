@@ -8,6 +8,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
+from mindspeed_rl.parallel.ports import free_port
 
 
 # The bound on every collective of the job (rl_config.collective_timeout_s), set by
@@ -34,8 +35,6 @@ def init_distributed(platform, timeout_s: float = 1800) -> None:
     global _collective_timeout_s
     _collective_timeout_s = float(timeout_s)
     if "RANK" not in os.environ:
-        from mindspeed_rl.testing.multiprocess import free_port
-
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))

@@ -1,6 +1,6 @@
 """The resharding flow: the actor's weights between the training and the generation sharding.
 
-``allgather_swap`` (DESIGN §7), train -> generation:
+``allgather_swap`` (docs/resharding.md), train -> generation:
   1. swap the optimizer state and grads to host (not needed for generation);
   2. swap the training params to host; the weight stream reads their host copies,
      so no device holds a second copy of the training shard;

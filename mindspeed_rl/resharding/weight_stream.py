@@ -46,7 +46,8 @@ class PlanItem:
 
 @dataclass(frozen=True)
 class TrainingGroups:
-    """The megatron process groups the stream collects over (explicit, per DESIGN §11)."""
+    """The megatron process groups the stream collects over, passed explicitly
+    (:meth:`from_megatron` reads them from megatron's parallel state)."""
 
     tp: dist.ProcessGroup
     pp: dist.ProcessGroup

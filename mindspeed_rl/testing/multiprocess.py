@@ -15,22 +15,16 @@ import os
 import pickle
 import queue
 import shutil
-import socket
 import tempfile
 import time
 import traceback
 from typing import Any, Callable
 
+from mindspeed_rl.parallel.ports import free_port
+
 
 class RankFailure(RuntimeError):
     """A rank raised, died or timed out; the message carries its traceback."""
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (for libraries that insist on env://)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world_size: int, store_path: str, port: int, fn: Callable,

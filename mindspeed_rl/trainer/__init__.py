@@ -6,7 +6,8 @@
 - ``roles.py``: actor (megatron + vLLM + resharder), reference, critic, reward model;
 - ``actor.py``, ``critic.py``, ``optim.py``, ``schedule.py``, ``micro_batches.py``:
   the megatron side of each role;
-- ``trainer.py``: the loop and its checkpoints; ``launch.py``: the launchers' bootstrap.
+- ``trainer.py``: the loop and its checkpoints; ``launch.py``: the launchers' bootstrap;
+  ``launch_guard.py``: their one-line errors and exit statuses.
 """
 
 from mindspeed_rl.trainer.actor import MegatronActor, forward_logprobs

@@ -40,7 +40,7 @@ def build_policy_model(arch, *, params_dtype: torch.dtype, sequence_parallel: bo
     config = build_transformer_config(arch, params_dtype=params_dtype,
                                       sequence_parallel=sequence_parallel,
                                       calculate_per_token_loss=calculate_per_token_loss,
-                                      **transformer_options)  # [issue15 hook]
+                                      **transformer_options)
     return build_gpt_model(arch, config)
 
 

@@ -51,7 +51,7 @@ class MegatronCritic(TrainableModel):
                 sums[key] = sums.get(key, 0.0) + float(value.detach())
             return loss, n.to(torch.int), {"loss": loss.detach().clone()}
 
-        micro = micro_batches_for(self.model, batch, micro_batch_size)  # issue 14
+        micro = micro_batches_for(self.model, batch, micro_batch_size)  # docs/micro_batches.md
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
                                              forward_only=False), sums.values)
         t = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)

@@ -58,14 +58,14 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
     Returns the exit status: 0 (also after a preemption, with a checkpoint), 2 after one
     ``prog: error: ...`` line for bad input (the config, or a dataset row, a tokenizer, a
     checkpoint found while building), 1 after one line for a failure (a lost rank, NaN/Inf,
-    a full disk; see mindspeed_rl/fault/launch_guard.py).
+    a full disk; see mindspeed_rl/trainer/launch_guard.py).
     """
     from mindspeed_rl.metrics.console import quiet_known_noise
 
     quiet_known_noise()  # before torch, megatron and vLLM are imported
     from mindspeed_rl.config import ConfigError, parse_launcher_args
     from mindspeed_rl.config.cli import main as config_main
-    from mindspeed_rl.fault.launch_guard import LaunchGuard, report_config_error
+    from mindspeed_rl.trainer.launch_guard import LaunchGuard, report_config_error
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -186,7 +186,7 @@ def build_critic(section, env: RoleEnv, start) -> tuple[MegatronCritic, RoleSwap
     """The PPO critic (``critic_config``): the policy's body with a scalar value head,
     from ``critic_config.load`` or the actor's start; offloaded between its phases."""
     from mindspeed_rl.checkpoint import weight_source
-    from mindspeed_rl.models.value_head import load_value_weights
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
 
     value_model = _scalar_head_model(env.arch, env.model_options, seed=env.seed,
                                      head_std=section.value_head_init_std)
@@ -206,7 +206,7 @@ def build_critic(section, env: RoleEnv, start) -> tuple[MegatronCritic, RoleSwap
 def build_reward_model(section, env: RoleEnv, model_dir: str):
     """A frozen scalar-head reward model (``reward_config``) that shares the actor's
     tokenizer; offloaded between its phases. Returns (model, swap)."""
-    from mindspeed_rl.models.value_head import load_value_weights
+    from mindspeed_rl.checkpoint.weight_source import load_value_weights
 
     rm_arch = reward_model_architecture(section.load, env.arch, model_dir)
     rm = _scalar_head_model(rm_arch, env.model_options, seed=env.seed)

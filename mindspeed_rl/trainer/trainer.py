@@ -85,7 +85,7 @@ class RLTrainer:
         if resume:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
-        # issue 14: perf/padding_efficiency, perf/mfu per phase (measures the matmul peak).
+        # perf/padding_efficiency, perf/mfu per phase (measures the matmul peak; docs/metrics.md).
         from mindspeed_rl.trainer.efficiency import PhaseEfficiency
         from mindspeed_rl.trainer.phases import counts_in_train_layout
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from mindspeed_rl.errors import TransferDockError, TransferDockTimeoutError
 from mindspeed_rl.transfer_dock.assignment import assign_units, greedy_balance, token_spread
 from mindspeed_rl.transfer_dock.batch import DockBatch, DockMetrics
 from mindspeed_rl.transfer_dock.centralized import CentralizedTransferDock
-from mindspeed_rl.transfer_dock.controller import Controller, TransferDockError
+from mindspeed_rl.transfer_dock.controller import Controller
 from mindspeed_rl.transfer_dock.distributed import DistributedTransferDock
-from mindspeed_rl.transfer_dock.dock import TransferDock, TransferDockTimeoutError
+from mindspeed_rl.transfer_dock.dock import TransferDock
 from mindspeed_rl.transfer_dock.layout import ConsumerLayout
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mindspeed_rl.transfer_dock.controller import TransferDockError
+from mindspeed_rl.errors import TransferDockError
 
 OPS = ("put", "get")  # op codes of the control header
 HEADER_FIELDS = 6  # op, call number, clears, argument hash, metadata bytes, dp_key length

@@ -22,11 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mindspeed_rl.errors import TransferDockError
 from mindspeed_rl.transfer_dock.assignment import assign_units
-
-
-class TransferDockError(RuntimeError):
-    """A put or get that is inconsistent or can never be satisfied."""
 
 
 def _int_array(values) -> np.ndarray:

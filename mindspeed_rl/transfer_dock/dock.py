@@ -39,10 +39,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from mindspeed_rl.errors import TransferDockError, TransferDockTimeoutError
 from mindspeed_rl.transfer_dock import control
 from mindspeed_rl.transfer_dock.batch import DockBatch, DockMetrics, in_row_order
-from mindspeed_rl.transfer_dock.controller import (ColumnPlacement, Controller, PutRecord,
-                                                    TransferDockError)
+from mindspeed_rl.transfer_dock.controller import ColumnPlacement, Controller, PutRecord
 from mindspeed_rl.transfer_dock.exchange import ExchangeResult, exchange_blocks
 from mindspeed_rl.transfer_dock.layout import ConsumerLayout
 from mindspeed_rl.transfer_dock.moves import Moves, get_moves, put_moves
@@ -82,8 +82,6 @@ def _without_rows(record: PutRecord, cells: _Cells, retired: np.ndarray, shift: 
             [(name, [c[i] for i in index]) for name, c in cells])
 
 
-class TransferDockTimeoutError(TransferDockError):
-    """A dock collective did not complete within the configured timeout."""
 
 
 class TransferDock:

@@ -57,7 +57,7 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
     # ValueError covers ConfigError, LayoutError, RolloutConfigError, ReshardingError and the
     # unsupported-model errors; the OSErrors are files that are missing, unreadable or in
     # the way.
-    from mindspeed_rl.checkpoint.errors import CheckpointError
+    from mindspeed_rl.errors import CheckpointError
 
     return (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError, FileExistsError, CheckpointError)

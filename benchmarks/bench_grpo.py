@@ -253,7 +253,7 @@ def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_re
         # next to the measured timing/all.
         "compute_floor_s": _round(_median(p["total"] for p in per_iter) / (
             matmul_peak * 1e9 * world), 3) if matmul_peak else None,
-        # The trainer's own accounting (mindspeed_rl.trainer.efficiency), per phase.
+        # The trainer's own accounting (mindspeed_rl.engine.efficiency), per phase.
         "padding_efficiency": {k.split("/", 2)[2]: _round(_median(m.get(k) for m in timed))
                                for k in sorted({k for m in timed for k in m
                                                 if k.startswith("perf/padding_efficiency/")})},

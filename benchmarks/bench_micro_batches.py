@@ -74,7 +74,7 @@ def ragged_batch(config, rows: int, mean: float, seed: int, vocab: int):
     from transformers import AutoTokenizer
 
     from mindspeed_rl.data import load_prompt_dataset
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     mt, rl = config.megatron_training, config.rl_config
     longest = config.sampling_config.max_tokens
@@ -115,8 +115,8 @@ def run(args, config, plan):
     from mindspeed_rl.parallel.groups import (init_distributed, initialize_megatron_parallel,
                                               teardown_distributed)
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.actor import MegatronActor, build_policy_model, forward_logprobs
-    from mindspeed_rl.trainer.efficiency import take_counts
+    from mindspeed_rl.engine.actor import MegatronActor, build_policy_model, forward_logprobs
+    from mindspeed_rl.engine.efficiency import take_counts
 
     platform = setup_platform()
     init_distributed(platform)

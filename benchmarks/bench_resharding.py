@@ -177,7 +177,7 @@ def _one_training_step(actor, arch, rank: int, seed: int) -> None:
     from megatron.core import parallel_state as ps
 
     from mindspeed_rl.config.schema import RLConfig
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     g = torch.Generator().manual_seed(seed + ps.get_data_parallel_rank())
     vocab = min(arch.vocab_size, 300)  # any real token ids will do
@@ -203,7 +203,7 @@ def run(args) -> dict | None:
     from mindspeed_rl.resharding import Resharder
     from mindspeed_rl.rollout import RolloutEngine
     from mindspeed_rl.config.schema import ActorConfig
-    from mindspeed_rl.trainer.actor import MegatronActor, build_policy_model
+    from mindspeed_rl.engine.actor import MegatronActor, build_policy_model
 
     platform = setup_platform()
     init_distributed(platform)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mindspeed_rl.config.plan import MicroBatching
-from mindspeed_rl.trainer.micro_batches import (RowBatch, build_micro_batch, make_micro_batches,
+from mindspeed_rl.engine.micro_batches import (RowBatch, build_micro_batch, make_micro_batches,
                                                 min_micro_batches, plan_micro_batches)
 
 
@@ -125,7 +125,7 @@ def test_rope_sees_positions_restarting_per_packed_row():
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.packing import ROWS, PackedInputs
+    from mindspeed_rl.engine.packing import ROWS, PackedInputs
 
     setup_platform()  # megatron's rotary embedding asks for the CUDA device
 
@@ -190,7 +190,7 @@ def test_counts_give_padding_efficiency_and_the_flops_of_real_tokens():
     from types import SimpleNamespace
 
     from mindspeed_rl.metrics.flops import forward_flops, row_forward_flops
-    from mindspeed_rl.trainer.efficiency import count_tokens, take_counts
+    from mindspeed_rl.engine.efficiency import count_tokens, take_counts
 
     pr = [(3, 1), (5, 4), (2, 6)]
     batch = rows(pr)

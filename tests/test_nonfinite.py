@@ -24,7 +24,7 @@ def _actor(hf_dir, layout_kwargs, bf16, distributed_optimizer, max_skips):
     from mindspeed_rl.parallel.groups import initialize_megatron_parallel
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.config.schema import ActorConfig
-    from mindspeed_rl.trainer.actor import MegatronActor, build_policy_model
+    from mindspeed_rl.engine.actor import MegatronActor, build_policy_model
 
     setup_platform()
     layout = ParallelLayout(world_size=torch.distributed.get_world_size(), **layout_kwargs)
@@ -44,7 +44,7 @@ def update_body(hf_dir, layout_kwargs, bf16, distributed_optimizer):
     twice in a row stops the run (max_consecutive_skipped_steps=2)."""
     from mindspeed_rl.fault.nonfinite import NonFiniteError
     from mindspeed_rl.config.schema import RLConfig
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     actor, arch = _actor(hf_dir, layout_kwargs, bf16, distributed_optimizer, max_skips=2)
     g = torch.Generator().manual_seed(0)

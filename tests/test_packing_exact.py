@@ -41,7 +41,7 @@ AGG_CASES = [("seq-mean-token-mean", "vanilla"), ("seq-mean-token-sum-norm", "va
 
 def _rows(dp_rank: int):
     """MAX_TOKENS rows on this DP rank: responses of every length 1 .. MAX_TOKENS."""
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     g = torch.Generator().manual_seed(100 + dp_rank)
     order = torch.randperm(MAX_TOKENS, generator=g).tolist()
@@ -77,9 +77,9 @@ def _worker(hf_dir: str):
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.actor import MegatronActor, forward_logprobs
-    from mindspeed_rl.trainer.critic import MegatronCritic, forward_scores, forward_values
-    from mindspeed_rl.trainer.efficiency import take_counts
+    from mindspeed_rl.engine.actor import MegatronActor, forward_logprobs
+    from mindspeed_rl.engine.critic import MegatronCritic, forward_scores, forward_values
+    from mindspeed_rl.engine.efficiency import take_counts
 
     setup_platform()
     arch = describe_hf_dir(hf_dir)
@@ -103,7 +103,7 @@ def _worker(hf_dir: str):
 
             # ---- forwards -------------------------------------------------------------
             model, values_model = policy(), critic_model()
-            from mindspeed_rl.trainer.packing import packing_notice
+            from mindspeed_rl.engine.packing import packing_notice
 
             out[(tp, pp, "notice")] = packing_notice(model)
             fwd = {}
@@ -128,7 +128,7 @@ def _worker(hf_dir: str):
             rl = RLConfig(entropy_coeff=0.01, clip_ratio=0.2, kl_penalty="low_var_kl")
             upd = {}
             for name, spec in VARIANTS.items():
-                from mindspeed_rl.trainer.micro_batches import RowBatch
+                from mindspeed_rl.engine.micro_batches import RowBatch
 
                 actor = MegatronActor(policy(), ActorConfig(lr=1e-2, weight_decay=0.0,
                                                             clip_grad=0.0),

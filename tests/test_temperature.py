@@ -28,7 +28,7 @@ VARIANTS = {"padded": MicroBatching(micro_batch_size=3),
 
 
 def _rows(dp_rank: int):
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     g = torch.Generator().manual_seed(40 + dp_rank)
     prompts = [torch.randint(3, 380, (int(k),), generator=g) for k in (4, 7, 5, 9, 3, 6)]
@@ -64,8 +64,8 @@ def _worker(hf_dir: str):
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.actor import MegatronActor, forward_logprobs
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.actor import MegatronActor, forward_logprobs
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     setup_platform()
     arch = describe_hf_dir(hf_dir)

@@ -159,7 +159,7 @@ def all_ranks(flag: bool) -> bool:
 
 def _actor(model, distopt: bool):
     from mindspeed_rl.config.schema import CriticConfig
-    from mindspeed_rl.trainer.critic import MegatronCritic
+    from mindspeed_rl.engine.critic import MegatronCritic
 
     return MegatronCritic(model, CriticConfig(lr=1e-3, weight_decay=0.0, adam_beta2=0.999,
                                               clip_grad=1e6),

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                             batch_size=args.batch_size, seed=args.seed)
         train_diff = logprob_diff = None
         if args.temperature is not None:
-            from mindspeed_rl.trainer.logprob_parity import check_logprob_parity
+            from mindspeed_rl.engine.logprob_parity import check_logprob_parity
 
             train_diff = check_logprob_parity(args.hf_dir, args.mg_dir, layout,
                                               temperature=args.temperature, seed=args.seed)

@@ -2,7 +2,7 @@
 
 log p(y) = z_y - logsumexp(z), computed in float32. The logits given are those of
 the distribution meant: a policy that samples at temperature T passes z / T (the
-trainer does, in ``mindspeed_rl/trainer/actor.py``'s ``policy_logits``), so that
+trainer does, in ``mindspeed_rl/engine/actor.py``'s ``policy_logits``), so that
 training and rollout log-probs describe the same distribution.
 """
 

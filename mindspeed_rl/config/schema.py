@@ -81,7 +81,7 @@ class MegatronTrainingConfig:
 @dataclass(frozen=True, kw_only=True)
 class OptimizerKeys:
     """The optimizer and LR-schedule keys a trainable role's section carries (Adam, Megatron
-    names); ``mindspeed_rl.trainer.optim.TrainableModel`` reads them straight from the section."""
+    names); ``mindspeed_rl.engine.optim.TrainableModel`` reads them straight from the section."""
 
     lr: float = setting(1e-6, "peak learning rate")
     min_lr: float = setting(0.0, "learning rate at the end of linear/cosine decay")

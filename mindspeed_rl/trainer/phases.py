@@ -22,11 +22,11 @@ from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.config import phase_names as names
 from mindspeed_rl.rewards import check_finite_scores, compute_rewards
-from mindspeed_rl.trainer.actor import forward_logprobs
+from mindspeed_rl.engine.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
-from mindspeed_rl.trainer.critic import forward_scores, forward_values
-from mindspeed_rl.trainer.micro_batches import RowBatch
+from mindspeed_rl.engine.critic import forward_scores, forward_values
+from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
 
 # ---------------------------------------------------------------------------------------

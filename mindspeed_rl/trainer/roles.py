@@ -19,8 +19,8 @@ from typing import Callable, Iterator
 import torch
 
 from mindspeed_rl.resharding.swap import StateSwapper, training_state_tensors
-from mindspeed_rl.trainer.actor import MegatronActor, build_policy_model
-from mindspeed_rl.trainer.critic import MegatronCritic
+from mindspeed_rl.engine.actor import MegatronActor, build_policy_model
+from mindspeed_rl.engine.critic import MegatronCritic
 
 
 class RoleSwap:

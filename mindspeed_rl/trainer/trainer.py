@@ -67,7 +67,7 @@ class RLTrainer:
                   + (f"\nreference weights: {ref.describe()}" if ref is not None else ""),
                   flush=True)
             if rl.use_remove_padding:  # which packed-sequence path the attention takes
-                from mindspeed_rl.trainer.packing import packing_notice
+                from mindspeed_rl.engine.packing import packing_notice
 
                 print(packing_notice(self.roles.actor.model), flush=True)
         self.phases = phases_of(config, plan)
@@ -86,7 +86,7 @@ class RLTrainer:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
         # perf/padding_efficiency, perf/mfu per phase (measures the matmul peak; docs/metrics.md).
-        from mindspeed_rl.trainer.efficiency import PhaseEfficiency
+        from mindspeed_rl.engine.efficiency import PhaseEfficiency
         from mindspeed_rl.trainer.phases import counts_in_train_layout
 
         self.efficiency = PhaseEfficiency(

@@ -15,7 +15,7 @@ A :class:`RowBatch` is one DP rank's rows as the TransferDock delivers them
 
 :func:`plan_micro_batches` is the pure planning (row lengths in, groups of row
 indices out); the DP ranks must run the same number of micro-batches, so the
-caller agrees on ``count`` first (``mindspeed_rl.trainer.schedule``).
+caller agrees on ``count`` first (``mindspeed_rl.engine.schedule``).
 :func:`build_micro_batch` lays one group out; per-row extras (log-probs,
 advantages, values, ...) are laid out alongside and a response mask marks the
 real tokens, so a loss written for ``[b, R]`` tensors works for every layout.

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from mindspeed_rl.trainer.micro_batches import MicroBatch
+from mindspeed_rl.engine.micro_batches import MicroBatch
 
 THD, ROWS = "thd", "rows"
 

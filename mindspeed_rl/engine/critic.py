@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from mindspeed_rl.algorithms import explained_variance, masked_sum, value_loss
-from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
-from mindspeed_rl.trainer.optim import TrainableModel
-from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
+from mindspeed_rl.engine.micro_batches import MicroBatch, MicroBatching, RowBatch
+from mindspeed_rl.engine.optim import TrainableModel
+from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
                                            reduce_sums_once_per_dp_rank, run_schedule)
 
 _STAT_KEYS = ["vf_loss", "vf_clipfrac", "vpred", "returns", "returns_sq", "residual",

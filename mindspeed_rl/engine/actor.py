@@ -14,9 +14,9 @@ import torch
 from mindspeed_rl.algorithms import (agg_loss, entropy_from_vocab_parallel_logits, kl_penalty,
                                      default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
                                      policy_loss, truncated_is_weights)
-from mindspeed_rl.trainer.micro_batches import MicroBatch, MicroBatching, RowBatch
-from mindspeed_rl.trainer.optim import TrainableModel
-from mindspeed_rl.trainer.schedule import (forward_rows, micro_batches_for,
+from mindspeed_rl.engine.micro_batches import MicroBatch, MicroBatching, RowBatch
+from mindspeed_rl.engine.optim import TrainableModel
+from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
                                            reduce_sums_once_per_dp_rank, run_schedule,
                                            tp_reductions)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 def random_rows(vocab_size: int, seed: int, num_rows: int = 4, max_prompt: int = 12,
                 max_response: int = 16):
     """Prompt and response token ids of several lengths, the same on every rank."""
-    from mindspeed_rl.trainer.micro_batches import RowBatch
+    from mindspeed_rl.engine.micro_batches import RowBatch
 
     g = torch.Generator().manual_seed(seed)
     lengths = lambda top: torch.randint(1, top + 1, (num_rows,), generator=g).tolist()  # noqa: E731
@@ -49,7 +49,7 @@ def check_logprob_parity(hf_dir, mg_dir, layout, *, temperature: float, seed: in
     from mindspeed_rl.config.plan import MicroBatching
     from mindspeed_rl.models.parity import load_megatron_model
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
-    from mindspeed_rl.trainer.actor import forward_logprobs
+    from mindspeed_rl.engine.actor import forward_logprobs
 
     if temperature <= 0:
         raise ValueError(f"--temperature {temperature}: must be > 0 (greedy rollouts are "

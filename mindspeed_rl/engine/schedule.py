@@ -20,10 +20,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.trainer.efficiency import count_tokens
-from mindspeed_rl.trainer.micro_batches import (MicroBatch, MicroBatching, RowBatch,
+from mindspeed_rl.engine.efficiency import count_tokens
+from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
                                                 make_micro_batches, min_micro_batches)
-from mindspeed_rl.trainer.packing import packed_inputs
+from mindspeed_rl.engine.packing import packed_inputs
 
 
 class _ResponseOutputsOnly:

@@ -112,6 +112,19 @@ def truncated_is_weights(logprobs_old: torch.Tensor, logprobs_rollout: torch.Ten
     return torch.exp(log_w).clamp(max=threshold)
 
 
+def _sequence_log_ratio(log_ratio: torch.Tensor, logprobs: torch.Tensor, mask_f: torch.Tensor,
+                        segment_ids: torch.Tensor | None) -> torch.Tensor:
+    """GSPO: each token's log-ratio becomes its sequence's mean log-ratio in value, with the
+    gradient of its own token's log-prob."""
+    sums, counts = sequence_sums(log_ratio, mask_f, segment_ids)
+    seq_log_ratio = (sums / counts.clamp(min=1.0)).detach()  # [seqs]
+    if segment_ids is None:
+        per_token = seq_log_ratio[:, None]
+    else:
+        per_token = seq_log_ratio[segment_ids.clamp(0, max(len(seq_log_ratio) - 1, 0))]
+    return torch.clamp(per_token + logprobs - logprobs.detach(), min=-20.0, max=20.0)
+
+
 def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float,
                 loss_agg_mode: str = "token-mean", num_tokens_global: float | None = None,
@@ -158,13 +171,7 @@ def policy_loss(logprobs: torch.Tensor, logprobs_old: torch.Tensor, advantages: 
     mask_f = mask.to(logprobs.dtype)
     log_ratio = torch.clamp(logprobs - logprobs_old, min=-20.0, max=20.0)
     if ratio_level == "sequence":
-        sums, counts = sequence_sums(log_ratio, mask_f, segment_ids)
-        seq_log_ratio = (sums / counts.clamp(min=1.0)).detach()  # [seqs]
-        if segment_ids is None:
-            per_token = seq_log_ratio[:, None]
-        else:
-            per_token = seq_log_ratio[segment_ids.clamp(0, max(len(seq_log_ratio) - 1, 0))]
-        log_ratio = torch.clamp(per_token + logprobs - logprobs.detach(), min=-20.0, max=20.0)
+        log_ratio = _sequence_log_ratio(log_ratio, logprobs, mask_f, segment_ids)
     elif ratio_level != "token":
         raise ValueError(f"ratio_level {ratio_level!r} is neither token nor sequence")
     ratio = torch.exp(log_ratio)

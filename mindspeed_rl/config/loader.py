@@ -15,7 +15,7 @@ import yaml
 
 from mindspeed_rl.config.checks import check_data_files, check_job
 from mindspeed_rl.config.errors import ConfigError, did_you_mean
-from mindspeed_rl.config.model_spec import read_model_spec, resolve_model_source
+from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
 from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig
 from mindspeed_rl.config.typed_sections import build_section, field_types, nested_section_type
@@ -71,6 +71,25 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
                        if name not in OPTIONAL_SECTIONS or name in present else None)
                 for name, cls in SECTIONS.items()}
 
+    model = _with_model(sections, raw, normalised, config_path, overridden, elsewhere)
+    sections["rl_config"] = _resolved_rl(sections, algorithm, config_path)
+    notices = list(normalised.notices) + _gspo_notice(sections["rl_config"])
+    for name in OPTIONAL_SECTIONS:
+        if sections[name] is not None:
+            sections[name] = _resolve_paths(sections[name])
+
+    config = RLJobConfig(**sections, model=model, config_path=str(config_path),
+                         algorithm=algorithm, notices=tuple(notices))
+    check_job(config)
+    if check_data:
+        check_data_files(config)
+    return config
+
+
+def _with_model(sections: dict, raw: dict, normalised, config_path: Path, overridden,
+                elsewhere) -> ModelSpec:
+    """Read the model (config.json or model yaml): its training keys fill the sections
+    where the file left them out; the model path and tokenizer resolve. Returns the model."""
     megatron = sections["megatron_training"]
     model_path, is_hf_dir = resolve_model_source(megatron.model, config_path.parent)
     model = read_model_spec(model_path, is_hf_dir)
@@ -97,9 +116,16 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
         tokenizer_name_or_path=_resolve_tokenizer(tokenizer))
     sections["actor_config"] = _resolve_paths(sections["actor_config"])
     sections["ref_config"] = _resolve_paths(sections["ref_config"])
+    return model
+
+
+def _resolved_rl(sections: dict, algorithm: str, config_path: Path):
+    """rl_config with the defaults that depend on other keys: the mini-batch (the global
+    batch) and the advantage estimator (the launcher's algorithm)."""
     rl = sections["rl_config"]
     if rl.mini_batch_size is None:
-        rl = dataclasses.replace(rl, mini_batch_size=megatron.global_batch_size)
+        rl = dataclasses.replace(rl, mini_batch_size=sections["megatron_training"]
+                                 .global_batch_size)
     estimator = ALGORITHM_ESTIMATORS[algorithm]
     if rl.adv_estimator is None:
         rl = dataclasses.replace(rl, adv_estimator=estimator)
@@ -110,22 +136,15 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
                           f"launch {_LAUNCHERS[other]} for {rl.adv_estimator}, or set "
                           f"adv_estimator: {estimator} (or leave it out)",
                           value=rl.adv_estimator, origin=str(config_path))
-    sections["rl_config"] = rl
-    notices = list(normalised.notices)
-    if rl.policy_loss == "gspo" and rl.loss_agg_mode not in (None, "seq-mean-token-mean"):
-        notices.append(f"rl_config.loss_agg_mode={rl.loss_agg_mode} with policy_loss: gspo: "
-                       "GSPO is defined with seq-mean-token-mean (leave loss_agg_mode out for "
-                       "it); running the mode you set")
-    for name in OPTIONAL_SECTIONS:
-        if sections[name] is not None:
-            sections[name] = _resolve_paths(sections[name])
+    return rl
 
-    config = RLJobConfig(**sections, model=model, config_path=str(config_path),
-                         algorithm=algorithm, notices=tuple(notices))
-    check_job(config)
-    if check_data:
-        check_data_files(config)
-    return config
+
+def _gspo_notice(rl) -> list[str]:
+    if rl.policy_loss == "gspo" and rl.loss_agg_mode not in (None, "seq-mean-token-mean"):
+        return [f"rl_config.loss_agg_mode={rl.loss_agg_mode} with policy_loss: gspo: GSPO is "
+                "defined with seq-mean-token-mean (leave loss_agg_mode out for it); running "
+                "the mode you set"]
+    return []
 
 
 def _dotted_key_index() -> dict[str, str]:

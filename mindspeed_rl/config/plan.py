@@ -423,17 +423,34 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
 
 
 def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
+    """The plan in named steps: layout, batch, parameters per rank, memory, labels."""
     layout = _checked_layout(config, world_size)
-    mt, a, rl, g = (config.megatron_training, config.actor_config, config.rl_config,
-                    config.generate_config)
-    m = config.model
+    m, a, rl, g = config.model, config.actor_config, config.rl_config, config.generate_config
     batch = BatchPlan.of(config, layout)
     samples = {k: v for k, v in dataclasses.asdict(batch).items() if k != "micro_batching"}
-    dp = layout.data_parallel_size
+    parameters = _parameters_per_rank(config, layout)
+    memory, optim_label = _memory_bytes(config, layout, parameters)
+    counts = m.parameter_counts()
+    model = {"source": m.source, "description": m.describe(), "num_parameters": counts["total"],
+             "parameter_counts": counts}
+    tpg = layout.infer_tensor_parallel_size
+    return Plan(config_path=config.config_path, world_size=world_size, layout=layout,
+                batch=batch, model=model, samples=samples, parameters=parameters,
+                memory_bytes=memory, phase_bytes=_phase_bytes(g, memory),
+                labels=_memory_labels(config, layout, optim_label),
+                weights=tuple(_weight_lines(m.hf_dir, a.load, config.ref_config.load,
+                                            a.finetune, rl.init_kl_coef > 0)),
+                notices=config.notices,
+                infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
+                                            if g.enable_expert_parallel and m.is_moe else None))
 
+
+def _parameters_per_rank(config: RLJobConfig, layout: ParallelLayout) -> dict[str, int]:
+    """Parameters on one rank in the training sharding (dense and expert) and in vLLM's."""
+    m, g = config.model, config.generate_config
     tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
                   layout.expert_model_parallel_size)
-    stages = pipeline_stage_layers(m.num_hidden_layers, pp, a.num_layer_list)
+    stages = pipeline_stage_layers(m.num_hidden_layers, pp, config.actor_config.num_layer_list)
     dense, expert = params_per_rank(m, tp=tp, pp=pp, ep=ep, expert_tp=layout.expert_tp,
                                     stage_layers=stages)
     tpg = layout.infer_tensor_parallel_size
@@ -444,12 +461,20 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
     else:
         # Without it vLLM shards every expert over its TP ranks.
         dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
-    train_params = dense + expert
+    return {"training_per_rank": dense + expert, "training_dense_per_rank": dense,
+            "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
 
+
+def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
+                  parameters: dict[str, int]) -> tuple[dict[str, int], str]:
+    """Device bytes per rank of each role's state, and the optimizer's label."""
+    mt, rl, g, m = (config.megatron_training, config.rl_config, config.generate_config,
+                    config.model)
+    train_params = parameters["training_per_rank"]
+    dense, expert = parameters["training_dense_per_rank"], parameters["training_expert_per_rank"]
+    dp = layout.data_parallel_size
     train_bytes = 2 if mt.bf16 else 4
-    train_dtype = "bf16" if mt.bf16 else "fp32"
-    infer_dtype = config.generation_dtype
-    infer_bytes = 2 if infer_dtype == "bfloat16" else 4
+    infer_bytes = 2 if config.generation_dtype == "bfloat16" else 4
     # Adam: exp_avg + exp_avg_sq in fp32, plus an fp32 master copy when params are bf16.
     optim_bytes = 12 if mt.bf16 else 8
     if mt.use_distributed_optimizer:
@@ -461,53 +486,72 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
     else:
         optimizer = train_params * optim_bytes
         optim_label = f"optimizer (Adam, fp32{' master +' if mt.bf16 else ''} m, v; replicated)"
-    kv_heads_g = max(m.num_kv_heads // tpg, 1)  # vLLM replicates KV heads when TP_g > kv heads
-    kv_cache = (g.max_num_seqs * g.max_model_len * m.num_hidden_layers * 2 * kv_heads_g
-                * m.kv_channels * infer_bytes)
     memory = {
         "actor_params": train_params * train_bytes,
         # Megatron keeps main grads in fp32 (bf16 runs accumulate and reduce in fp32).
         "actor_grads": train_params * 4,
         "actor_optimizer": optimizer,
         "reference_params": train_params * train_bytes if rl.init_kl_coef > 0 else 0,
-        "vllm_weights": (dense_g + expert_g) * infer_bytes,
-        "kv_cache": kv_cache,
+        "vllm_weights": parameters["generation_per_rank"] * infer_bytes,
+        "kv_cache": (g.max_num_seqs * g.max_model_len * m.num_hidden_layers * 2
+                     * _kv_heads_per_generation_rank(config, layout) * m.kv_channels
+                     * infer_bytes),
     }
     if config.critic_config is not None:
         # Same body as the actor; its scalar head is negligible next to the LM head it lacks.
         memory["critic"] = train_params * (train_bytes + 4) + optimizer
     if config.reward_config is not None:
         memory["reward_model"] = train_params * train_bytes
+    return memory, optim_label
+
+
+def _kv_heads_per_generation_rank(config: RLJobConfig, layout: ParallelLayout) -> int:
+    # vLLM replicates KV heads when TP_g > kv heads
+    return max(config.model.num_kv_heads // layout.infer_tensor_parallel_size, 1)
+
+
+def _phase_bytes(g, memory: dict[str, int]) -> dict[str, int]:
+    """Device bytes per rank in each phase, from the roles' bytes."""
+    training = memory["actor_params"] + memory["actor_grads"] + memory["actor_optimizer"]
     kept = (0 if g.offload_train_param else memory["actor_params"]) + (
         0 if g.offload_train_grad else memory["actor_grads"]) + (
         0 if g.offload_train_optimizer else memory["actor_optimizer"])
-    phases = {
-        "training_phase": memory["actor_params"] + memory["actor_grads"]
-        + memory["actor_optimizer"],
+    return {
+        "training_phase": training,
         "generation_phase": memory["vllm_weights"] + memory["kv_cache"] + kept,
-        **({"critic_phase": memory["actor_params"] + memory["actor_grads"]
-            + memory["actor_optimizer"] + memory["critic"]} if "critic" in memory else {}),
+        **({"critic_phase": training + memory["critic"]} if "critic" in memory else {}),
         # vLLM sizes itself as a fraction of the device: the device it needs to hold its
         # weights plus a KV cache for max_num_seqs full-length sequences.
         "device_memory_for_vllm": math.ceil((memory["vllm_weights"] + memory["kv_cache"])
                                             / g.gpu_memory_utilization),
     }
+
+
+def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
+                   optim_label: str) -> dict[str, str]:
+    """What each line of the memory plan counts."""
+    mt, rl, g, m = (config.megatron_training, config.rl_config, config.generate_config,
+                    config.model)
+    train_dtype = "bf16" if mt.bf16 else "fp32"
+    tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
+                  layout.expert_model_parallel_size)
     offloaded = [name for name, flag in (("params", g.offload_train_param),
                                          ("grads", g.offload_train_grad),
                                          ("optimizer", g.offload_train_optimizer)) if flag]
-    labels = {
+    return {
         "actor_params": f"actor params ({train_dtype}, TP={tp} PP={pp}"
                         + (f" EP={ep}" if m.is_moe else "") + ")",
         "actor_grads": "actor grads (fp32 main grads)",
         "actor_optimizer": optim_label,
         "reference_params": (f"reference model ({train_dtype}; on host when idle)"
                              if rl.init_kl_coef > 0 else "reference model (init_kl_coef=0: none)"),
-        "vllm_weights": f"vLLM weights ({infer_dtype}, TP_g={tpg})",
+        "vllm_weights": f"vLLM weights ({config.generation_dtype}, "
+                        f"TP_g={layout.infer_tensor_parallel_size})",
         "critic": "critic (params + fp32 grads + optimizer; on host when idle)",
         "critic_phase": "critic phases (actor training state + critic)",
         "reward_model": f"reward model ({train_dtype}; on host when idle)",
         "kv_cache": (f"vLLM KV cache ({g.max_num_seqs} seqs x {g.max_model_len} tokens, "
-                     f"{kv_heads_g} KV head(s)/rank)"),
+                     f"{_kv_heads_per_generation_rank(config, layout)} KV head(s)/rank)"),
         "training_phase": "training phase (actor params + grads + optimizer)",
         "generation_phase": "generation phase (vLLM + training state not offloaded: "
                             + ("none" if len(offloaded) == 3 else
@@ -516,20 +560,6 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
         "device_memory_for_vllm": "device memory vLLM needs (weights + KV cache) / "
                                   f"gpu_memory_utilization={g.gpu_memory_utilization:g}",
     }
-    counts = m.parameter_counts()
-    model = {"source": m.source, "description": m.describe(), "num_parameters": counts["total"],
-             "parameter_counts": counts}
-    parameters = {"training_per_rank": train_params, "training_dense_per_rank": dense,
-                  "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
-    ref = config.ref_config.load
-    return Plan(config_path=config.config_path, world_size=world_size, layout=layout,
-                batch=batch, model=model, samples=samples, parameters=parameters, memory_bytes=memory,
-                phase_bytes=phases, labels=labels,
-                weights=tuple(_weight_lines(m.hf_dir, a.load, ref, a.finetune,
-                                            rl.init_kl_coef > 0)),
-                notices=config.notices,
-                infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
-                                            if g.enable_expert_parallel and m.is_moe else None))
 
 
 def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, finetune: bool,

@@ -70,6 +70,19 @@ class MegatronActor(TrainableModel):
         from the current weights (on-policy): their old log-probs are this forward's,
         detached.
         """
+        self._check_on_policy(batch)
+        objective = PolicyObjective(rl, kl_coef=kl_coef, vocab_size=vocab_size,
+                                    norm_length=norm_length, temperature=temperature)
+        micro = micro_batches_for(self.model, batch, micro_batch_size)
+        out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
+                                             forward_only=False), objective.sums.values)
+        self.weight_version += int(out["update_ok"])  # a skipped step leaves the weights
+        stats = objective.reduced()
+        stats.update(out)
+        return stats
+
+    def _check_on_policy(self, batch: RowBatch) -> None:
+        """Rows without old log-probs must come from the current weights."""
         if "logprobs_old" not in batch.extras:
             stale = [int(v) for v in batch.extras.pop("weight_version", []) if
                      int(v) != self.weight_version]
@@ -79,66 +92,72 @@ class MegatronActor(TrainableModel):
                     f"of weights v{self.weight_version} without old log-probs; an off-policy "
                     "row needs the old_log_p phase")
         batch.extras.pop("weight_version", None)
-        mode = rl.loss_agg_mode or default_loss_agg_mode(rl.policy_loss)
-        low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
-        high = rl.clip_ratio if rl.clip_ratio_high is None else rl.clip_ratio_high
-        level = "sequence" if rl.policy_loss == "gspo" else "token"
-        sums: dict[str, float] = {}
-        max_diff = torch.zeros(())
 
-        def loss_fn(logits, mb: MicroBatch):
-            nonlocal max_diff
-            logp = response_logprobs(logits, mb, vocab_size, temperature)
-            mask = mb.mask
-            logp_old = mb.extras["logprobs_old"] if "logprobs_old" in mb.extras else logp.detach()
-            segments = segment_ids(mb)
-            # Each term is this micro-batch's sum over its units; megatron divides by all units.
-            agg = dict(loss_agg_mode=mode, num_tokens_global=1.0, num_seqs_global=1.0,
-                       norm_length=norm_length, segment_ids=segments)
-            is_weights = None
-            if rl.rollout_is_threshold is not None:
-                is_weights = truncated_is_weights(logp_old, mb.extras["logprobs_rollout"],
-                                                  rl.rollout_is_threshold)
-            pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"], mask, low, high,
-                                        clip_ratio_dual=rl.clip_ratio_c, ratio_level=level,
-                                        is_weights=is_weights, **agg)
-            loss = pg_sum
-            kl_sum = torch.zeros(())
-            if kl_coef:
-                kl_sum = agg_loss(kl_penalty(logp, mb.extras["logprobs_ref"], rl.kl_penalty),
-                                  mask, **agg)
-                loss = loss + kl_coef * kl_sum
-            with torch.set_grad_enabled(rl.entropy_coeff != 0 and torch.is_grad_enabled()):
-                ent_sum = agg_loss(response_entropy(logits, vocab_size, temperature), mask,
-                                   **agg)
-            if rl.entropy_coeff:
-                loss = loss - rl.entropy_coeff * ent_sum
-            n = mask.sum()
-            units = n if mode == "token-mean" else torch.tensor(
-                float(sum(1 for _, _, length in mb.spans if length > 0)))
-            # vLLM's log-probs against the training engine's, for the same weights.
-            diff = torch.zeros_like(mask)
-            if "logprobs_rollout" in mb.extras:
-                diff = (mb.extras["logprobs_rollout"] - logp_old.detach()).abs() * mask
-                max_diff = torch.maximum(max_diff, diff.max())
-            for key, value in (("pg_loss", pg_sum), ("kl_loss", kl_sum), ("entropy", ent_sum),
-                               ("pg_clipfrac", stats["pg_clipfrac"] * n),
-                               ("ppo_kl", stats["approx_kl"] * n),
-                               ("rollout_logprob_abs_diff", diff.sum()), ("tokens", n),
-                               ("units", units)):
-                sums[key] = sums.get(key, 0.0) + float(value.detach())
-            return loss, units.to(torch.int), {"loss": loss.detach().clone()}
 
-        micro = micro_batches_for(self.model, batch, micro_batch_size)
-        out = self.step(lambda: run_schedule(self.ddp, self.model, micro, loss_fn,
-                                             forward_only=False), sums.values)
-        self.weight_version += int(out["update_ok"])  # a skipped step leaves the weights
-        totals = reduce_sums_once_per_dp_rank(sums, _STAT_KEYS)
+class PolicyObjective:
+    """The actor's loss on one micro-batch's logits (clipped policy loss + KL + entropy),
+    and the statistics it accumulates over the micro-batches of one optimizer step."""
+
+    def __init__(self, rl, *, kl_coef: float, vocab_size: int, norm_length: float | None,
+                 temperature: float) -> None:
+        self.rl, self.kl_coef, self.vocab_size = rl, kl_coef, vocab_size
+        self.norm_length, self.temperature = norm_length, temperature
+        self.mode = rl.loss_agg_mode or default_loss_agg_mode(rl.policy_loss)
+        self.low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
+        self.high = rl.clip_ratio if rl.clip_ratio_high is None else rl.clip_ratio_high
+        self.level = "sequence" if rl.policy_loss == "gspo" else "token"
+        self.sums: dict[str, float] = {}
+        self.max_diff = torch.zeros(())
+
+    def loss(self, logits, mb: MicroBatch):
+        """megatron's ``(loss, units, reported)`` for one micro-batch."""
+        rl, mask = self.rl, mb.mask
+        logp = response_logprobs(logits, mb, self.vocab_size, self.temperature)
+        logp_old = mb.extras["logprobs_old"] if "logprobs_old" in mb.extras else logp.detach()
+        # Each term is this micro-batch's sum over its units; megatron divides by all units.
+        agg = dict(loss_agg_mode=self.mode, num_tokens_global=1.0, num_seqs_global=1.0,
+                   norm_length=self.norm_length, segment_ids=segment_ids(mb))
+        is_weights = None
+        if rl.rollout_is_threshold is not None:
+            is_weights = truncated_is_weights(logp_old, mb.extras["logprobs_rollout"],
+                                              rl.rollout_is_threshold)
+        pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"], mask, self.low,
+                                    self.high, clip_ratio_dual=rl.clip_ratio_c,
+                                    ratio_level=self.level, is_weights=is_weights, **agg)
+        loss = pg_sum
+        kl_sum = torch.zeros(())
+        if self.kl_coef:
+            kl_sum = agg_loss(kl_penalty(logp, mb.extras["logprobs_ref"], rl.kl_penalty),
+                              mask, **agg)
+            loss = loss + self.kl_coef * kl_sum
+        with torch.set_grad_enabled(rl.entropy_coeff != 0 and torch.is_grad_enabled()):
+            ent_sum = agg_loss(response_entropy(logits, self.vocab_size, self.temperature),
+                               mask, **agg)
+        if rl.entropy_coeff:
+            loss = loss - rl.entropy_coeff * ent_sum
+        n = mask.sum()
+        units = n if self.mode == "token-mean" else torch.tensor(
+            float(sum(1 for _, _, length in mb.spans if length > 0)))
+        # vLLM's log-probs against the training engine's, for the same weights.
+        diff = torch.zeros_like(mask)
+        if "logprobs_rollout" in mb.extras:
+            diff = (mb.extras["logprobs_rollout"] - logp_old.detach()).abs() * mask
+            self.max_diff = torch.maximum(self.max_diff, diff.max())
+        for key, value in (("pg_loss", pg_sum), ("kl_loss", kl_sum), ("entropy", ent_sum),
+                           ("pg_clipfrac", stats["pg_clipfrac"] * n),
+                           ("ppo_kl", stats["approx_kl"] * n),
+                           ("rollout_logprob_abs_diff", diff.sum()), ("tokens", n),
+                           ("units", units)):
+            self.sums[key] = self.sums.get(key, 0.0) + float(value.detach())
+        return loss, units.to(torch.int), {"loss": loss.detach().clone()}
+
+    def reduced(self) -> dict[str, float]:
+        """The step's statistics over every DP rank: the loss terms per unit of the
+        aggregation, the rest per token."""
+        totals = reduce_sums_once_per_dp_rank(self.sums, _STAT_KEYS)
         tokens, units = max(totals.pop("tokens"), 1.0), max(totals.pop("units"), 1.0)
-        # the loss terms per unit of the aggregation; the rest per token
         stats = {k: v / (units if k in _PER_UNIT else tokens) for k, v in totals.items()}
-        stats["rollout_logprob_abs_diff_max"] = max_over_world(float(max_diff))
-        stats.update(out)
+        stats["rollout_logprob_abs_diff_max"] = max_over_world(float(self.max_diff))
         return stats
 
 

@@ -202,6 +202,55 @@ def check_finite_logprobs(result: RolloutResult, dp_rank: int = 0) -> None:
                         "(check the last update, or resume from the last checkpoint)")
 
 
+def _check_world_and_model(model_dir: str, infer_tensor_parallel_size: int) -> int:
+    """The world size, once torch.distributed is up, TP_g divides it and the model is an
+    HF directory."""
+    if not dist.is_initialized():
+        raise RuntimeError("initialise torch.distributed before creating the RolloutEngine")
+    world = dist.get_world_size()
+    if world % infer_tensor_parallel_size:
+        raise RolloutConfigError(
+            f"generate_config.infer_tensor_parallel_size={infer_tensor_parallel_size} does "
+            f"not divide the world size {world}")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise RolloutConfigError(f"vLLM needs an HF model directory with config.json: {model_dir}")
+    return world
+
+
+def _prepare_process(model_dir: str, device_type: str, gpu_memory_utilization: float,
+                     world: int) -> None:
+    """What vLLM needs in this process before the engine starts."""
+    # In-process engine: no engine-core subprocess, so weights can be updated in place.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if device_type == "cpu":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
+                              str(_cpu_kv_cache_gib(gpu_memory_utilization, local)))
+        _unique_cpu_shm_names()
+    if _ties_embeddings(model_dir):
+        from mindspeed_rl.metrics.console import quiet_tied_lm_head
+
+        quiet_tied_lm_head()
+
+
+def _fixed_engine_kwargs(device_type: str) -> dict:
+    """The vLLM arguments every engine of this project gets."""
+    # vLLM's own TP/DP groups get the job's collective bound (torch's default for a
+    # new group is 30 minutes whatever the world group uses).
+    from mindspeed_rl.parallel.groups import collective_timeout_s
+
+    timeout = max(1, math.ceil(collective_timeout_s()))
+    return dict(
+        # The log-prob of each sampled token under the distribution it was sampled from
+        # (after temperature, and top-k/top-p/min-p where set), which training evaluates
+        # as logits / temperature; the default (raw) would describe temperature 1.
+        logprobs_mode="processed_logprobs",
+        # Sleep mode lets CUDA/NPU release weights and KV cache between rollouts;
+        # vLLM-CPU does not support it (it logs and ignores the flag).
+        enable_sleep_mode=device_type != "cpu",
+        distributed_timeout_seconds=timeout, cpu_distributed_timeout_seconds=timeout)
+
+
 class RolloutEngine:
     """vLLM on this rank, one shard of a TP_g group.
 
@@ -218,15 +267,7 @@ class RolloutEngine:
                  load_format: str = "auto", device_type: str = "cpu",
                  enable_prefix_caching: bool = True, enable_expert_parallel: bool = False,
                  infer_expert_parallel_size: int = 1) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("initialise torch.distributed before creating the RolloutEngine")
-        world = dist.get_world_size()
-        if world % infer_tensor_parallel_size:
-            raise RolloutConfigError(
-                f"generate_config.infer_tensor_parallel_size={infer_tensor_parallel_size} does "
-                f"not divide the world size {world}")
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
-            raise RolloutConfigError(f"vLLM needs an HF model directory with config.json: {model_dir}")
+        world = _check_world_and_model(model_dir, infer_tensor_parallel_size)
         expert_kwargs = _expert_parallel_kwargs(enable_expert_parallel, infer_expert_parallel_size,
                                                 infer_tensor_parallel_size, world, device_type)
         self.tensor_parallel_size = infer_tensor_parallel_size
@@ -235,18 +276,7 @@ class RolloutEngine:
         self.device_type = device_type
         self.max_model_len = max_model_len
 
-        # In-process engine: no engine-core subprocess, so weights can be updated in place.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if device_type == "cpu":
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
-                                  str(_cpu_kv_cache_gib(gpu_memory_utilization, local)))
-        if device_type == "cpu":
-            _unique_cpu_shm_names()
-        if _ties_embeddings(model_dir):
-            from mindspeed_rl.metrics.console import quiet_tied_lm_head
-
-            quiet_tied_lm_head()
+        _prepare_process(model_dir, device_type, gpu_memory_utilization, world)
         from vllm import LLM
 
         kwargs = dict(
@@ -255,22 +285,9 @@ class RolloutEngine:
             enforce_eager=enforce_eager, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             seed=seed + self.dp_rank, gpu_memory_utilization=gpu_memory_utilization,
             load_format=load_format, enable_prefix_caching=enable_prefix_caching, **expert_kwargs,
-            # The log-prob of each sampled token under the distribution it was sampled from
-            # (after temperature, and top-k/top-p/min-p where set), which training evaluates
-            # as logits / temperature; the default (raw) would describe temperature 1.
-            logprobs_mode="processed_logprobs",
-            # Sleep mode lets CUDA/NPU release weights and KV cache between rollouts;
-            # vLLM-CPU does not support it (it logs and ignores the flag).
-            enable_sleep_mode=device_type != "cpu",
-        )
+            **_fixed_engine_kwargs(device_type))
         if max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
-        # vLLM's own TP/DP groups get the job's collective bound (torch's default for a
-        # new group is 30 minutes whatever the world group uses).
-        from mindspeed_rl.parallel.groups import collective_timeout_s
-
-        timeout = max(1, math.ceil(collective_timeout_s()))
-        kwargs.update(distributed_timeout_seconds=timeout, cpu_distributed_timeout_seconds=timeout)
         try:
             self.llm = LLM(**kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised with the model named

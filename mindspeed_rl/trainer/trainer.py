@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.algorithms import KLController
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
-from mindspeed_rl.rewards import compute_rewards
+from mindspeed_rl.rewards import compute_rewards, reward_pool_for
 from mindspeed_rl.trainer.context import (BoundFlow, IterationState, PhaseContext, Ranks,
                                           TrainerState)
 from mindspeed_rl.trainer.flow import SampleFlow
@@ -39,16 +39,11 @@ class RLTrainer:
         from mindspeed_rl.checkpoint import weight_source
         from mindspeed_rl.parallel.groups import initialize_megatron_parallel
         from mindspeed_rl.trainer.roles import build_roles
-        from mindspeed_rl.transfer_dock import build_transfer_dock
 
         self.config, self.plan, self.platform = config, plan, platform
         mt, rl, ac = config.megatron_training, config.rl_config, config.actor_config
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        # Verifier calls run in worker processes within time limits: started once per job,
-        # first, so that they import while the models load; ended in close() (the
-        # launcher's teardown).
-        from mindspeed_rl.rewards import reward_pool_for
-
+        # Verifier workers start first (they import while the models load); close() ends them.
         self.reward_pool = reward_pool_for(rl)
         self.model_dir, self.tokenizer, self.arch = _model(config)
         self.train_data, self.test_data = _datasets(config, self.tokenizer)
@@ -57,47 +52,47 @@ class RLTrainer:
         start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune)
         resume = start is None
         self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, start=start)
-        # Recorded in every checkpoint: the policy the run started from (the reference).
-        origin = self.roles.reference_source or start
-        self.initial_weights = (origin.to_dict() if origin is not None
-                                else weight_source.recorded_start(ac.load))
-        if self.rank == 0:
-            ref = self.roles.reference_source
-            print(f"actor weights: {'resumed from ' + ac.load if resume else start.describe()}"
-                  + (f"\nreference weights: {ref.describe()}" if ref is not None else ""),
-                  flush=True)
-            if rl.use_remove_padding:  # which packed-sequence path the attention takes
-                from mindspeed_rl.engine.packing import packing_notice
-
-                print(packing_notice(self.roles.actor.model), flush=True)
+        self.initial_weights = self._announce_weights(start)
         self.phases = phases_of(config, plan)
         self.round_phases, self.once_phases = split_rounds(self.phases)
         tpg = plan.layout.infer_tensor_parallel_size
         self.ranks = Ranks(rank=self.rank, world=self.world, gen_dp_rank=self.rank // tpg,
                            is_gen_writer=self.rank % tpg == 0)
-        self.flow = SampleFlow(
-            build_transfer_dock(rl.transfer_dock_mode,
-                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s),
-            [p.name for p in self.phases], _layouts(plan.layout), trace=rl.log_sample_flow)
+        self.flow = _sample_flow(rl, self.phases, plan.layout)
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))
         self._saved_at = None  # the last iteration checkpointed
         if resume:
             self.load_checkpoint(ac.load)
         self.timers = Timers(synchronize=platform.synchronize)
-        # perf/padding_efficiency, perf/mfu per phase (measures the matmul peak; docs/metrics.md).
-        from mindspeed_rl.engine.efficiency import PhaseEfficiency
-        from mindspeed_rl.trainer.phases import counts_in_train_layout
-
-        self.efficiency = PhaseEfficiency(
-            config.model, counted=counts_in_train_layout(), device=platform.device(),
-            dtype=self.roles.actor.model.config.params_dtype)
+        self.efficiency = _efficiency(config, platform, self.roles.actor.model)
         self.logger = MetricsLogger(
             mt.log_dir, rank=self.rank, total_iterations=mt.train_iters,
             use_tensorboard=rl.use_tensorboard, use_wandb=rl.use_wandb,
             wandb_project=rl.wandb_project, run_config=config.to_dict(), resume=resume)
         if resume:
             self.logger.truncate_after(self.state.iteration)
+
+    def _announce_weights(self, start) -> dict:
+        """Say which weights the actor (and the reference) start from; returns the policy
+        the run started from (the reference), recorded in every checkpoint."""
+        from mindspeed_rl.checkpoint import weight_source
+
+        ac = self.config.actor_config
+        origin = self.roles.reference_source or start
+        initial = (origin.to_dict() if origin is not None
+                   else weight_source.recorded_start(ac.load))
+        if self.rank == 0:
+            ref = self.roles.reference_source
+            actor = "resumed from " + ac.load if start is None else start.describe()
+            print(f"actor weights: {actor}"
+                  + (f"\nreference weights: {ref.describe()}" if ref is not None else ""),
+                  flush=True)
+            if self.config.rl_config.use_remove_padding:  # the packed-sequence attention path
+                from mindspeed_rl.engine.packing import packing_notice
+
+                print(packing_notice(self.roles.actor.model), flush=True)
+        return initial
 
     # ---- the loop ----------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -308,6 +303,26 @@ def _datasets(config, tokenizer):
                                    seed=mt.seed, shuffle=False,
                                    data_path_key="megatron_training.test_data_path")
     return train, test
+
+
+def _sample_flow(rl, phases, layout) -> SampleFlow:
+    """The TransferDock of ``rl_config.transfer_dock_mode`` seen through the column contract
+    of the algorithm's phases."""
+    from mindspeed_rl.transfer_dock import build_transfer_dock
+
+    dock = build_transfer_dock(rl.transfer_dock_mode,
+                               timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s)
+    return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow)
+
+
+def _efficiency(config, platform, model):
+    """perf/padding_efficiency, perf/mfu per phase (measures the matmul peak;
+    docs/metrics.md)."""
+    from mindspeed_rl.engine.efficiency import PhaseEfficiency
+    from mindspeed_rl.trainer.phases import counts_in_train_layout
+
+    return PhaseEfficiency(config.model, counted=counts_in_train_layout(),
+                           device=platform.device(), dtype=model.config.params_dtype)
 
 
 def _layouts(layout) -> dict:

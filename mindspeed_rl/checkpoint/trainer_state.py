@@ -27,9 +27,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from mindspeed_rl.checkpoint.errors import CheckpointError
 from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
-from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _root_cause,
-                                                  check_checkpoint_fits, checkpoint_path,
-                                                  iteration_dir_name, write_meta)
+from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _reraise_untrusted,
+                                                  _root_cause, check_checkpoint_fits,
+                                                  checkpoint_path, iteration_dir_name, write_meta)
+from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
 from mindspeed_rl.fault import injection
 from mindspeed_rl.fault.collective import collective_failure_kind
 
@@ -232,7 +233,8 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     actor = trainables["actor"]
     check_checkpoint_fits(load_dir, actor.model)
     verify_checkpoint(path)
-    common = dist_checkpointing.load_common_state_dict(str(path))["common"]
+    with restricted_unpickling(path):
+        common = dist_checkpointing.load_common_state_dict(str(path))["common"]
     saved_roles = set(common.get("schedulers", {"actor": None}))
     missing = sorted(set(trainables) - saved_roles)
     if missing:
@@ -246,7 +248,7 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     for name in optimizers:
         trainables[name].prepare_optimizer_for_load()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), restricted_unpickling(path):
             state = dist_checkpointing.load(
                 _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
                             with_rng=load_rng), str(path))
@@ -261,6 +263,7 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
         if collective_failure_kind(exc):
             raise
+        _reraise_untrusted(exc)
         raise CheckpointError(f"{path}: cannot be loaded into this run's models and optimizers: "
                               f"{_root_cause(exc)}") from exc
     if load_rng:

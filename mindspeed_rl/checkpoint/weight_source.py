@@ -154,10 +154,13 @@ def recorded_start(load: str | Path) -> dict | None:
     """The ``initial_weights`` a resumable checkpoint in ``load`` recorded (None if absent)."""
     from megatron.core import dist_checkpointing
 
+    from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
+
     found = _iteration(Path(load))
     if found is None:
         return None
-    common = dist_checkpointing.load_common_state_dict(str(found[1])).get("common", {})
+    with restricted_unpickling(found[1]):
+        common = dist_checkpointing.load_common_state_dict(str(found[1])).get("common", {})
     return common.get("initial_weights")
 
 

@@ -110,6 +110,11 @@ class ActorConfig(OptimizerKeys):
     save: str | None = setting(None, "checkpoint directory to write (the whole trainer: actor, "
                                      "critic, data position); null = no checkpoints", path=True)
     no_load_optim: bool = setting(False, "do not restore optimizer state from load")
+    trust_checkpoint: bool = setting(False, "read the pickled parts (.metadata, common.pt) of "
+                                            "load's and ref_config.load's torch_dist checkpoints "
+                                            "with plain pickle, which runs any code they name; "
+                                            "only for a trusted checkpoint the allow-list refuses "
+                                            "(docs/models.md)")
     no_load_rng: bool = setting(False, "do not restore RNG state from load")
     finetune: bool = setting(False, "start from load's weights at iteration 0, without its "
                                     "optimizer, RNG and data state (Megatron's --finetune)")

@@ -67,6 +67,8 @@ def describe_files(folder: str | os.PathLike) -> dict[str, dict]:
     for name in _files(folder)[rank::world]:
         path = folder / name
         mine[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        with open(path, "rb") as f:  # on disk before the manifest vouches for it
+            os.fsync(f.fileno())
     files: dict[str, dict] = {}
     for part in _gather(mine):
         files.update(part)

@@ -64,7 +64,8 @@ class RLTrainer:
 
         trust_checkpoints(ac.trust_checkpoint)  # before any checkpoint is read
         # Which weights (one stated rule, mindspeed_rl/checkpoint/weight_source.py); None: resume.
-        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune)
+        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune,
+                                          save=ac.save)
         resume = start is None
         self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, start=start)
         # Recorded in every checkpoint: the policy the run started from (the reference).

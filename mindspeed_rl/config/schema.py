@@ -228,6 +228,10 @@ class RLConfig:
         "vLLM's groups) waits for a rank that does not arrive; then every other rank stops with "
         "a one-line error naming the phase. Must exceed the longest imbalance between ranks "
         "(e.g. the rollout's long tail)"))
+    save_on_sigterm_grace_s: float = setting(30.0, (
+        "seconds the job has between SIGTERM and SIGKILL to save (torchrun's "
+        "--shutdown-timeout, 30 by default); the dry run and rank 0 at start estimate the "
+        "save at this size and warn when it takes longer (docs/reliability.md)"))
     reward_workers: int | None = setting(None, (
         "processes that run the rule verifiers (model output is untrusted input: a call that "
         "hangs is killed there); null = this rank's share of the node's CPU cores, at most 8; "

@@ -37,3 +37,4 @@ def test_dry_run_states_the_save_time(tmp_path, capsys, monkeypatch):
     assert config_main(args + ["rl_config.save_on_sigterm_grace_s=1e-9"], prog="t",
                        algorithm="grpo") == 0
     assert "warning: checkpoint save on SIGTERM" in capsys.readouterr().out
+

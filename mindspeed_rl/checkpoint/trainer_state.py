@@ -49,11 +49,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def _rng_sharded_object(load: bool = False):
     """This rank's RNG states as a ShardedObject indexed by (PP, TP) rank, DP replicas."""
     from megatron.core import parallel_state as ps

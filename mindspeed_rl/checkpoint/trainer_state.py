@@ -241,7 +241,7 @@ def _publish(tmp: Path, final: Path, files: dict, iteration: int) -> None:
 
 # The folder each resumed load directory resolved to: the run's every reader (the
 # recorded start, the trainer state) gets the same one, verified once.
-_resolved: dict[Path, Path] = {}
+_resolved: dict[tuple[Path, str], Path] = {}
 
 
 def resume_path(load_dir: str | os.PathLike) -> Path:
@@ -249,12 +249,24 @@ def resume_path(load_dir: str | os.PathLike) -> Path:
     names, or, when that one does not verify, the newest earlier one that does (a line
     names both). CheckpointError, naming the damage, when none verifies."""
     load_dir = Path(load_dir)
-    if load_dir.absolute() in _resolved:
-        return _resolved[load_dir.absolute()]
-    text = (load_dir / TRACKER_FILE).read_text().strip()
+    # Rank 0's listing for every rank: a node-local or lagging file system may show the
+    # others another tracker, and verification is collective over the same folders.
+    listing = None
+    if _rank() == 0:
+        try:
+            listing = ((load_dir / TRACKER_FILE).read_text().strip(),
+                       sorted(p.name for p in load_dir.glob("iter_" + "[0-9]" * 7)))
+        except OSError as exc:  # every rank raises it, none waits in the broadcast
+            listing = f"{load_dir / TRACKER_FILE}: cannot be read on rank 0 ({exc})"
+    listing = _broadcast_from_rank0(listing)
+    if isinstance(listing, str):
+        raise CheckpointError(listing)
+    text, names = listing
+    key = (load_dir.absolute(), text)  # a later save moves the tracker: resolved anew
+    if key in _resolved:
+        return _resolved[key]
     latest = load_dir / iteration_dir_name(None if text == "release" else int(text))
-    older = sorted((p for p in load_dir.glob("iter_" + "[0-9]" * 7) if p.name < latest.name),
-                   reverse=True)
+    older = [load_dir / name for name in reversed(names) if name < latest.name]
     first_error = None
     for candidate in [latest, *older]:
         try:
@@ -265,7 +277,7 @@ def resume_path(load_dir: str | os.PathLike) -> Path:
         if candidate != latest and _rank() == 0:
             print(f"resume: the latest checkpoint {latest} is damaged ({first_error}); "
                   f"resuming from {candidate}, the newest one that verifies", flush=True)
-        _resolved[load_dir.absolute()] = candidate
+        _resolved[key] = candidate
         return candidate
     raise CheckpointError(f"{first_error}; no earlier checkpoint in {load_dir} verifies either")
 

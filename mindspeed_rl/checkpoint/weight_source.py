@@ -10,7 +10,8 @@ The rule (docs/config.md, "Which weights a run loads"):
    checkpoint (``torch_dist``, or the legacy ``mp_rank_XX`` files), or an HF directory.
    The safetensors of ``megatron_training.model`` are then **not** read.
 3. Otherwise the actor starts from the safetensors of the HF directory
-   ``megatron_training.model``.
+   ``megatron_training.model``; also when ``actor_config.load`` is ``actor_config.save``
+   and holds no checkpoint yet (a job script's first launch).
 
 The reference model is ``ref_config.load`` when set; otherwise the weights the run
 started from: on a fresh start the actor's starting weights, on a resume the starting

@@ -122,3 +122,17 @@ def test_publish_fsyncs_files_folder_and_tracker(tmp_path, monkeypatch):
     assert any(kind == "file" and name.startswith(TRACKER_FILE) for kind, name in synced)
     assert synced[-1] == ("dir", root)  # the tracker's rename is on disk last
 
+
+
+def two_rank_resume_body(root: str) -> str:
+    return str(trainer_state.resume_path(root))
+
+
+def test_two_ranks_resolve_the_same_fallback(tmp_path):
+    """The tracker and the folder list come from rank 0; verification is collective."""
+    from mindspeed_rl.testing import run_on_ranks
+
+    root = _saved(tmp_path / "ckpt", 2, 4)
+    (root / "iter_0000004" / "__0_0.distcp").write_bytes(b"x")
+    assert run_on_ranks(two_rank_resume_body, 2, str(root), timeout=120) == [
+        str(root / "iter_0000002")] * 2

@@ -408,7 +408,7 @@ def disagreeing_tracker_body(base: str, stale_rank: int) -> list[str]:
     tracker already names iteration 3, on the other it names 2. The save is collective."""
     import torch.distributed as dist
 
-    from mindspeed_rl.fault.launch_guard import LaunchGuard
+    from mindspeed_rl.trainer.launch_guard import LaunchGuard
     from mindspeed_rl.fault.preemption import Preempted, preemption
 
     rank = dist.get_rank()

@@ -10,8 +10,8 @@ shift
 # --- Ascend NPU environment (CANN); uncomment on Ascend nodes -----------------------------
 # source /usr/local/Ascend/ascend-toolkit/set_env.sh
 # source /usr/local/Ascend/nnal/atb/set_env.sh
-# export HCCL_CONNECT_TIMEOUT=1800
-# export HCCL_EXEC_TIMEOUT=1800
+# HCCL_CONNECT_TIMEOUT and HCCL_EXEC_TIMEOUT are set by the launcher from
+# rl_config.collective_timeout_s (clamped to HCCL's ranges); export them only to differ.
 # export HCCL_IF_BASE_PORT=48000
 # export TASK_QUEUE_ENABLE=2
 # export CPU_AFFINITY_CONF=1

@@ -87,3 +87,77 @@ def test_convert_tool_reports_a_truncated_shard_in_one_line(mg_dir, tmp_path):
     assert lines[-1].startswith(f"convert_ckpt: error: {shard}: truncated: ")
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- pickled parts of a checkpoint someone else wrote ----------------------------------------
+
+class _RunsShell:
+    """Pickles to ``os.system(command)``: what a hostile checkpoint's .metadata would hold."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _hostile(mg_dir: Path, tmp_path: Path, part: str) -> tuple[Path, Path, Path]:
+    """A copy of ``mg_dir`` as Megatron-LM would leave it (no manifest or meta of ours, the
+    HF config elsewhere) whose ``part`` pickle writes a marker file when unpickled."""
+    copy, hf = tmp_path / "mg", tmp_path / "hf_config"
+    shutil.copytree(mg_dir, copy)
+    hf.mkdir()
+    for path in copy.iterdir():
+        if path.is_file() and path.name != "latest_checkpointed_iteration.txt":
+            shutil.move(path, hf / path.name)
+    (hf / "mindspeed_rl_meta.json").unlink()
+    (copy / "release" / MANIFEST_FILE).unlink()
+    marker = tmp_path / "code_ran"
+    target = copy / "release" / part
+    if part == ".metadata":
+        import pickle
+
+        target.write_bytes(pickle.dumps(_RunsShell(f"touch {marker}")))
+    else:
+        import torch
+
+        torch.save({"common": _RunsShell(f"touch {marker}")}, target)
+    return copy, hf, marker
+
+
+@pytest.mark.parametrize("part", [".metadata", "common.pt"])
+def test_checkpoint_pickle_that_runs_code_is_refused_naming_the_file(mg_dir, tmp_path, part):
+    from mindspeed_rl.checkpoint.megatron_dir import checkpoint_tensor_keys
+    from mindspeed_rl.checkpoint.safe_load import UntrustedPickleError
+
+    copy, hf, marker = _hostile(mg_dir, tmp_path, part)
+    target = copy / "release" / part
+    if part == ".metadata":
+        with pytest.raises(UntrustedPickleError, match="posix.system|os.system") as e:
+            checkpoint_tensor_keys(copy)
+        assert str(target) in str(e.value) and "--trust-checkpoint" in str(e.value)
+        assert not marker.exists()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "convert_ckpt.py"),
+                           "--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
+                           str(copy), "--save-dir", str(tmp_path / "out"), "--no-progress",
+                           "--hf-config-dir", str(hf)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert not marker.exists(), "the checkpoint's pickle ran code"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"convert_ckpt: error: {target}: "), last
+    assert "trust_checkpoint" in last and not (tmp_path / "out").exists()
+
+
+def test_our_checkpoint_with_a_replaced_metadata_fails_verification_first(mg_dir, tmp_path):
+    """A manifest that does not verify stops the load before megatron opens any file."""
+    copy = tmp_path / "mg"
+    shutil.copytree(mg_dir, copy)
+    marker = tmp_path / "code_ran"
+    import pickle
+
+    (copy / "release" / ".metadata").write_bytes(pickle.dumps(_RunsShell(f"touch {marker}")))
+    with pytest.raises(CheckpointError, match=r"\.metadata: (wrong size|truncated|contents)"):
+        convert_mg_to_hf(copy, tmp_path / "out")
+    assert not marker.exists()

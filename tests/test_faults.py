@@ -401,3 +401,40 @@ def test_ranks_agree_on_a_sigterm_only_one_received():
     from mindspeed_rl.testing import run_on_ranks
 
     assert run_on_ranks(agreement_body, 2, timeout=120) == [["went on", "stopped before 3"]] * 2
+
+
+def disagreeing_tracker_body(base: str, stale_rank: int) -> list[str]:
+    """Each rank has its own save folder (a node-local file system): on ``stale_rank`` the
+    tracker already names iteration 3, on the other it names 2. The save is collective."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.trainer.launch_guard import LaunchGuard
+    from mindspeed_rl.fault.preemption import Preempted, preemption
+
+    rank = dist.get_rank()
+    save_dir = Path(base) / f"node{rank}"
+    save_dir.mkdir(parents=True)
+    (save_dir / "latest_checkpointed_iteration.txt").write_text(
+        "3\n" if rank == stale_rank else "2\n")
+    guard = LaunchGuard.__new__(LaunchGuard)  # no heartbeats: only the preemption path
+    guard.prog, guard.save_dir, guard.first_iteration, guard.timeout_s = "job", str(save_dir), 0, 60
+    preemption.install(60)
+    saves = []
+    try:
+        status = guard.failed(Preempted(4), save_checkpoint=lambda: saves.append("saved"))
+        # Both ranks get here whatever they decided: compare instead of hanging in a save.
+        outcomes = [None, None]
+        dist.all_gather_object(outcomes, (status, saves))
+    finally:
+        preemption.uninstall()
+    return outcomes
+
+
+@pytest.mark.parametrize("stale_rank, expected", [(1, ["saved"]), (0, [])],
+                         ids=["rank1_reads_saved", "rank0_reads_saved"])
+def test_ranks_save_together_when_their_tracker_reads_differ(tmp_path, stale_rank, expected):
+    """Whether to save is rank 0's reading, broadcast: all ranks save, or all skip."""
+    from mindspeed_rl.testing import run_on_ranks
+
+    results = run_on_ranks(disagreeing_tracker_body, 2, str(tmp_path), stale_rank, timeout=120)
+    assert results[0] == results[1] == [(0, expected), (0, expected)]

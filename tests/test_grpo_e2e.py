@@ -89,7 +89,7 @@ def test_resume_reproduces_uninterrupted_run(assets):
     _, part = launch(assets, "part", "megatron_training.train_iters=2",
                      f"actor_config.save={part_ckpt}")
     assert (part_ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert not list(part_ckpt.glob("*.tmp"))  # nothing half-written is left
+    assert not list(part_ckpt.glob("*.tmp*"))  # nothing half-written is left
     _, resumed = launch(assets, "part", "megatron_training.train_iters=3",
                         f"actor_config.load={part_ckpt}", f"actor_config.save={part_ckpt}")
     full, resumed = training_rows(full), training_rows(resumed)
@@ -106,6 +106,26 @@ def test_resume_reproduces_uninterrupted_run(assets):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(str(hf_out)).config.model_type == "qwen2"
+
+
+def test_job_script_folder_starts_then_resumes_past_a_damaged_latest(assets):
+    """load = save on every launch: the first starts from the model; when the latest
+    checkpoint is damaged the next resumes from the one before and says so."""
+    ckpt = assets["root"] / "ckpt_jobscript"
+    ckpt.mkdir()
+    same = (f"actor_config.load={ckpt}", f"actor_config.save={ckpt}")
+    first, _ = launch(assets, "jobscript", "megatron_training.train_iters=2",
+                      "megatron_training.save_interval=1", *same)
+    assert f"= {ckpt} holds no checkpoint yet, so the run starts from the model" in first.stdout
+    shard = sorted((ckpt / "iter_0000002").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    second, rows = launch(assets, "jobscript", "megatron_training.train_iters=3", *same)
+    out = second.stdout + second.stderr
+    assert (f"resume: the latest checkpoint {ckpt / 'iter_0000002'} is damaged ({shard}: "
+            "truncated") in out
+    assert f"resuming from {ckpt / 'iter_0000001'}, the newest one that verifies" in out
+    assert sorted(training_rows(rows)) == [1, 2, 3]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
 
 
 def test_exit_duration_stops_with_a_checkpoint_and_an_evaluation(assets):

@@ -57,6 +57,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "directory (config.json + tokenizer files); legacy files are read with "
                         "torch.load(weights_only=True)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="read a megatron torch_dist checkpoint's pickled parts (.metadata, "
+                        "common.pt) with plain pickle, which can run code the checkpoint names; "
+                        "only for a checkpoint from someone you trust that the default "
+                        "allow-list refuses (docs/models.md)")
     return p.parse_args(argv)
 
 
@@ -65,8 +70,10 @@ def main(argv=None) -> int:
     from mindspeed_rl.checkpoint.convert import convert
     from mindspeed_rl.errors import CheckpointError
     from mindspeed_rl.models.architecture import UnsupportedConfigError
+    from mindspeed_rl.checkpoint.safe_load import trust_checkpoints
     from mindspeed_rl.models.registry import UnsupportedArchitectureError
 
+    trust_checkpoints(args.trust_checkpoint)
     try:
         out = convert(args.load_model_type, args.save_model_type, args.load_dir, args.save_dir,
                       overwrite=args.overwrite, gguf_file=args.gguf_file, dtype=args.save_dtype,

@@ -67,6 +67,8 @@ def describe_files(folder: str | os.PathLike) -> dict[str, dict]:
     for name in _files(folder)[rank::world]:
         path = folder / name
         mine[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        with open(path, "rb") as f:  # on disk before the manifest vouches for it
+            os.fsync(f.fileno())
     files: dict[str, dict] = {}
     for part in _gather(mine):
         files.update(part)
@@ -116,10 +118,26 @@ def _check_file(folder: Path, name: str, expected: dict, manifest: Path,
     return None
 
 
+# Folders this process verified, with their manifest's (mtime, size): reading a checkpoint's
+# tensor list and then its tensors hashes it once, not twice.
+_verified: dict[Path, tuple[int, int]] = {}
+
+
+def _manifest_stamp(folder: Path) -> tuple[int, int] | None:
+    try:
+        st = (folder / MANIFEST_FILE).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def verify_checkpoint(folder: str | os.PathLike) -> None:
     """Collective: raise the same CheckpointError on every rank unless every file the
     manifest lists is present, of its size and checksum. The message names the file."""
     folder = Path(folder)
+    stamp = _manifest_stamp(folder)
+    if stamp is not None and _verified.get(folder.absolute()) == stamp:
+        return
     manifest = folder / MANIFEST_FILE
     rank, world = _world()
     problem = None
@@ -138,3 +156,5 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
         raise CheckpointError(
             f"{problems[0]}; the checkpoint {folder} is damaged: load an earlier iteration "
             f"(point {folder.parent}/latest_checkpointed_iteration.txt at it) or save again")
+    if stamp is not None:
+        _verified[folder.absolute()] = stamp

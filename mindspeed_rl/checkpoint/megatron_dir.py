@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from mindspeed_rl.checkpoint.manifest import (MANIFEST_FILE, describe_files, verify_checkpoint,
                                               write_manifest)
+from mindspeed_rl.checkpoint.safe_load import UntrustedPickleError, restricted_unpickling
 from mindspeed_rl.errors import CheckpointError
 
 META_FILE = "mindspeed_rl_meta.json"
@@ -143,12 +144,23 @@ def save_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
 def checkpoint_tensor_keys(mg_dir: str | os.PathLike, iteration: int | None | str = "latest") -> set[str]:
     """The keys of the sharded tensors stored in a checkpoint (read from its metadata only)."""
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path = checkpoint_path(mg_dir, iteration)
+    _verify_if_ours(mg_dir, path)
     try:
-        return set(dist_checkpointing.load_tensors_metadata(str(path)))
-    except Exception as exc:  # noqa: BLE001 - name the folder
+        with restricted_unpickling(path):
+            return set(dist_checkpointing.load_tensors_metadata(str(path)))
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
+        _reraise_untrusted(exc)  # noqa: BLE001 - name the folder
         raise CheckpointError(f"{path}: cannot read the checkpoint's tensor metadata: {exc}") from exc
+
+
+def _verify_if_ours(mg_dir: str | os.PathLike, path: Path) -> None:
+    """Our checkpoints are verified before megatron opens any file of them. One written by
+    Megatron-LM itself keeps no manifest: megatron's load checks it, its pickles restricted."""
+    if (path / MANIFEST_FILE).is_file() or (Path(mg_dir) / META_FILE).is_file():
+        verify_checkpoint(path)  # names a missing or truncated file before megatron reads any
 
 
 def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | None | str = "latest",
@@ -163,14 +175,12 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
 
     path = checkpoint_path(mg_dir, iteration)
     check_checkpoint_fits(mg_dir, model)
-    if (path / MANIFEST_FILE).is_file() or (Path(mg_dir) / META_FILE).is_file():
-        verify_checkpoint(path)  # names a missing or truncated file before megatron reads any
-    # else: written by Megatron-LM itself, which keeps no manifest; megatron's load checks it
+    _verify_if_ours(mg_dir, path)
     try:
-        # Megatron-LM's torch_dist checkpoints pickle their args into common.pt; torch.load
-        # is weights_only by default and megatron-core registers its allow-list (its args
-        # Namespace, numpy RNG state, its enums) with torch when it is imported.
-        with torch.no_grad():
+        # Megatron-LM's torch_dist checkpoints pickle their args into common.pt; weights_only
+        # admits them because megatron-core registers its allow-list (its args Namespace,
+        # numpy RNG state, its enums) with torch when it is imported.
+        with torch.no_grad(), restricted_unpickling(path):
             request = {k: v for k, v in model.sharded_state_dict().items() if k not in exclude}
             state = dist_checkpointing.load(request, str(path))
             # A trainer checkpoint also holds optimizer, RNG and run state; dist_checkpointing
@@ -184,10 +194,19 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
         raise
     # torch's CheckpointException derives from BaseException and wraps each rank's error.
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
+        _reraise_untrusted(exc)
         raise CheckpointError(
             f"{path}: cannot load into the model built from {Path(mg_dir) / 'config.json'}: "
             f"{_root_cause(exc)}") from exc
     return path
+
+
+def _reraise_untrusted(exc: BaseException) -> None:
+    """A refused pickle is reported as itself (it names the file), not as a load failure."""
+    failures = getattr(exc, "failures", None)
+    cause = next(iter(failures.values()))[0] if failures else exc
+    if isinstance(cause, UntrustedPickleError):
+        raise UntrustedPickleError(str(cause)) from None
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -12,6 +12,21 @@ from typing import Iterator
 from mindspeed_rl.errors import CheckpointError
 
 
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file's data to the disk (a crash after the rename keeps its bytes)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a directory's entries (a rename into it survives a crash of the node)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def check_output_dir(save_dir: str | os.PathLike, overwrite: bool) -> None:
     """Refuse a non-empty ``save_dir`` unless ``overwrite`` (checked before any work)."""
     save_dir = Path(save_dir)

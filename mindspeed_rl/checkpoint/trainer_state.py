@@ -6,18 +6,25 @@ Written into the same directory layout as converted checkpoints (``iter_0000010/
 + ``latest_checkpointed_iteration.txt`` + the HF config/tokenizer files), so a
 training checkpoint is also an initial checkpoint for another run and converts
 to HF with ``tools/convert_ckpt.py``. Saving is atomic: every rank writes into
-``iter_XXXXXXX.tmp``; the ranks agree every shard was written, hash the files
+``iter_XXXXXXX.tmp.<host>.<pid>`` (a name of this job's own, locked while it is
+written); the ranks agree every shard was written, hash and fsync the files
 (:mod:`~mindspeed_rl.checkpoint.manifest`); rank 0 writes the manifest, renames the
-folder and only then moves the tracker file. A failed save (a full disk, a lost
-rank) removes the temporary folder and raises the same error on every rank; the
-previous checkpoint stays valid and ``latest`` keeps naming it. Temporary folders
-left by a killed run are removed by the next save. Loading verifies the manifest.
+folder and only then moves the tracker file, fsyncing the folder after each rename. A
+failed save (a full disk, a lost rank) removes the temporary folder and raises the same
+error on every rank; the previous checkpoint stays valid and ``latest`` keeps naming it.
+Temporary folders left by a killed run are removed by the next save; one whose lock is
+held (another job saving into the same folder) is left alone. Loading verifies the
+manifest; a damaged latest checkpoint falls back to the newest one that verifies
+(:func:`resume_path`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
+import socket
 from pathlib import Path
 
 import torch
@@ -26,9 +33,11 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
-from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _root_cause,
-                                                  check_checkpoint_fits, checkpoint_path,
+from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _reraise_untrusted,
+                                                  _root_cause, check_checkpoint_fits,
                                                   iteration_dir_name, write_meta)
+from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
+from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
 from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault.collective import collective_failure_kind
 from mindspeed_rl.fault.phases import injection_point
@@ -38,11 +47,6 @@ _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _rng_sharded_object(load: bool = False):
@@ -122,12 +126,11 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
 
     save_dir = Path(save_dir)
     final = save_dir / iteration_dir_name(iteration)
-    tmp = save_dir / (final.name + ".tmp")
+    tmp, lock = None, None
     if _rank() == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
-        for stale in save_dir.glob("iter_*.tmp"):  # left by a killed save: never complete
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
+        _sweep_stale_saves(save_dir)
+        tmp, lock = _claim_tmp(save_dir, final)
         if hf_files_from and not (save_dir / META_FILE).exists():
             from mindspeed_rl.models.hf_io import copy_metadata_files
 
@@ -141,7 +144,7 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
                   optimizer_layout=_optimizer_layout(trainables["actor"]))
     error = None
     try:
-        _barrier()
+        tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
         try:
             dist_checkpointing.save(_state_dict(trainables, common, loading=False,
                                                 with_optimizer=stepped, with_rng=True,
@@ -160,12 +163,7 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
                 if errors:
                     shutil.rmtree(tmp, ignore_errors=True)
                 else:
-                    write_manifest(tmp, files)
-                    shutil.rmtree(final, ignore_errors=True)
-                    os.replace(tmp, final)
-                    tracker_tmp = save_dir / (TRACKER_FILE + ".tmp")
-                    tracker_tmp.write_text(f"{iteration}\n")
-                    os.replace(tracker_tmp, save_dir / TRACKER_FILE)
+                    _publish(tmp, final, files, iteration)
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 status = f"rank 0: {type(exc).__name__}: {exc}"
@@ -175,12 +173,113 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _release(lock)
     if errors or status:
         raise CheckpointError(
             f"{final}: saving iteration {iteration} failed ({(errors or [status])[0]}); the "
             f"previous checkpoint in {save_dir} is unchanged and "
             f"{TRACKER_FILE} still names it")
     return final
+
+
+_TMP = re.compile(r"iter_\d{7}\.tmp(\..+)?$")
+
+
+def _lock_path(tmp: Path) -> Path:
+    return tmp.parent / f".{tmp.name}.lock"
+
+
+def _claim_tmp(save_dir: Path, final: Path):
+    """A temporary folder only this job uses, and the lock that says a job is writing it."""
+    tmp = save_dir / f"{final.name}.tmp.{socket.gethostname()}.{os.getpid()}"
+    lock = open(_lock_path(tmp), "w")  # noqa: SIM115 - held until the save ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # a file system without locks: the unique name still keeps saves apart
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp, lock
+
+
+def _release(lock) -> None:
+    if lock is not None:
+        Path(lock.name).unlink(missing_ok=True)
+        lock.close()
+
+
+def _sweep_stale_saves(save_dir: Path) -> None:
+    """Remove temporary folders of killed saves; never one another live job is writing
+    (its lock is held; a lock that cannot be taken at all leaves the folder too)."""
+    for stale in save_dir.iterdir():
+        if not (stale.is_dir() and _TMP.match(stale.name)):
+            continue
+        try:
+            with open(_lock_path(stale), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(stale, ignore_errors=True)
+                _lock_path(stale).unlink(missing_ok=True)
+        except OSError:  # held by a live save (BlockingIOError), or no locks here
+            continue
+
+
+def _publish(tmp: Path, final: Path, files: dict, iteration: int) -> None:
+    """Rank 0: manifest, rename, tracker; each step on disk before the next depends on it."""
+    save_dir = final.parent
+    write_manifest(tmp, files)
+    fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(save_dir)
+    tracker_tmp = save_dir / f"{TRACKER_FILE}.tmp.{os.getpid()}"
+    tracker_tmp.write_text(f"{iteration}\n")
+    fsync_file(tracker_tmp)
+    os.replace(tracker_tmp, save_dir / TRACKER_FILE)
+    fsync_dir(save_dir)
+
+
+# The folder each resumed load directory resolved to: the run's every reader (the
+# recorded start, the trainer state) gets the same one, verified once.
+_resolved: dict[tuple[Path, str], Path] = {}
+
+
+def resume_path(load_dir: str | os.PathLike) -> Path:
+    """Collective: the checkpoint a resume loads from ``load_dir``: the one the tracker
+    names, or, when that one does not verify, the newest earlier one that does (a line
+    names both). CheckpointError, naming the damage, when none verifies."""
+    load_dir = Path(load_dir)
+    # Rank 0's listing for every rank: a node-local or lagging file system may show the
+    # others another tracker, and verification is collective over the same folders.
+    listing = None
+    if _rank() == 0:
+        try:
+            listing = ((load_dir / TRACKER_FILE).read_text().strip(),
+                       sorted(p.name for p in load_dir.glob("iter_" + "[0-9]" * 7)))
+        except OSError as exc:  # every rank raises it, none waits in the broadcast
+            listing = f"{load_dir / TRACKER_FILE}: cannot be read on rank 0 ({exc})"
+    listing = _broadcast_from_rank0(listing)
+    if isinstance(listing, str):
+        raise CheckpointError(listing)
+    text, names = listing
+    key = (load_dir.absolute(), text)  # a later save moves the tracker: resolved anew
+    if key in _resolved:
+        return _resolved[key]
+    latest = load_dir / iteration_dir_name(None if text == "release" else int(text))
+    older = [load_dir / name for name in reversed(names) if name < latest.name]
+    first_error = None
+    for candidate in [latest, *older]:
+        try:
+            verify_checkpoint(candidate)  # the same verdict on every rank
+        except CheckpointError as exc:
+            first_error = first_error or exc
+            continue
+        if candidate != latest and _rank() == 0:
+            print(f"resume: the latest checkpoint {latest} is damaged ({first_error}); "
+                  f"resuming from {candidate}, the newest one that verifies", flush=True)
+        _resolved[key] = candidate
+        return candidate
+    raise CheckpointError(f"{first_error}; no earlier checkpoint in {load_dir} verifies either")
 
 
 def _gather(value) -> list:
@@ -228,11 +327,11 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     returns its common state (iteration, data position...) and this rank's own state."""
     from megatron.core import dist_checkpointing
 
-    path = checkpoint_path(load_dir, "latest")
     actor = trainables["actor"]
     check_checkpoint_fits(load_dir, actor.model)
-    verify_checkpoint(path)
-    common = dist_checkpointing.load_common_state_dict(str(path))["common"]
+    path = resume_path(load_dir)  # verified; an earlier one if the latest is damaged
+    with restricted_unpickling(path):
+        common = dist_checkpointing.load_common_state_dict(str(path))["common"]
     saved_roles = set(common.get("schedulers", {"actor": None}))
     missing = sorted(set(trainables) - saved_roles)
     if missing:
@@ -246,7 +345,7 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     for name in optimizers:
         trainables[name].prepare_optimizer_for_load()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), restricted_unpickling(path):
             state = dist_checkpointing.load(
                 _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
                             with_rng=load_rng), str(path))
@@ -261,6 +360,7 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
         if collective_failure_kind(exc):
             raise
+        _reraise_untrusted(exc)
         raise CheckpointError(f"{path}: cannot be loaded into this run's models and optimizers: "
                               f"{_root_cause(exc)}") from exc
     if load_rng:

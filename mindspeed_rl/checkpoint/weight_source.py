@@ -10,7 +10,8 @@ The rule (docs/config.md, "Which weights a run loads"):
    checkpoint (``torch_dist``, or the legacy ``mp_rank_XX`` files), or an HF directory.
    The safetensors of ``megatron_training.model`` are then **not** read.
 3. Otherwise the actor starts from the safetensors of the HF directory
-   ``megatron_training.model``.
+   ``megatron_training.model``; also when ``actor_config.load`` is ``actor_config.save``
+   and holds no checkpoint yet (a job script's first launch).
 
 The reference model is ``ref_config.load`` when set; otherwise the weights the run
 started from: on a fresh start the actor's starting weights, on a resume the starting
@@ -98,14 +99,29 @@ def is_training_checkpoint(load: str | Path | None) -> bool:
     found = _iteration(load) if load.is_dir() else None
     if found is None or found[0] is None or not (load / _META).is_file():
         return False
-    return (found[1] / ".metadata").is_file()
+    # A damaged or missing latest folder still resumes, from an earlier one (resume_path).
+    return (found[1] / ".metadata").is_file() or any(load.glob("iter_*/.metadata"))
 
 
-def actor_start(hf_dir: str | None, load: str | None, finetune: bool = False
-                ) -> WeightSource | None:
-    """The actor's initial weights by the rule above; None when the run resumes."""
+def actor_start(hf_dir: str | None, load: str | None, finetune: bool = False,
+                save: str | None = None) -> WeightSource | None:
+    """The actor's initial weights by the rule above; None when the run resumes.
+
+    ``load`` = ``save`` with no checkpoint there yet (a job script's first launch) starts
+    from ``hf_dir``, and says so."""
     if load and is_training_checkpoint(load) and not finetune:
         return None
+    if (load and save and not (Path(load) / _TRACKER).exists()
+            and Path(load).absolute() == Path(save).absolute()):
+        if not (hf_dir and any(Path(hf_dir).glob("*.safetensors"))):
+            raise CheckpointError(
+                f"actor_config.load = actor_config.save = {load} holds no checkpoint yet and "
+                f"megatron_training.model ({hf_dir}) has no safetensors to start from: point "
+                "megatron_training.model at the HF directory of the model")
+        return WeightSource(HF, str(hf_dir), None,
+                            f"megatron_training.model: actor_config.load = actor_config.save "
+                            f"= {load} holds no checkpoint yet, so the run starts from the "
+                            "model and will resume from there")
     if load:
         return classify(load, "actor_config.load")
     if hf_dir and any(Path(hf_dir).glob("*.safetensors")):
@@ -191,10 +207,15 @@ def recorded_start(load: str | Path) -> dict | None:
     """The ``initial_weights`` a resumable checkpoint in ``load`` recorded (None if absent)."""
     from megatron.core import dist_checkpointing
 
-    found = _iteration(Path(load))
-    if found is None:
+    from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
+
+    from mindspeed_rl.checkpoint.trainer_state import resume_path
+
+    if _iteration(Path(load)) is None:
         return None
-    common = dist_checkpointing.load_common_state_dict(str(found[1])).get("common", {})
+    folder = resume_path(load)  # verified before common.pt is opened; the one resumed
+    with restricted_unpickling(folder):
+        common = dist_checkpointing.load_common_state_dict(str(folder)).get("common", {})
     return common.get("initial_weights")
 
 

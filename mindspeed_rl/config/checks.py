@@ -95,6 +95,7 @@ def _check_ranges(config: RLJobConfig) -> None:
         "generate_config.sampling_config.max_tokens": sampling.max_tokens,
         "actor_config.lr": actor.lr,
         "rl_config.clip_ratio": rl.clip_ratio,
+        "rl_config.save_on_sigterm_grace_s": rl.save_on_sigterm_grace_s,
     }
     for key, value in positive.items():
         _require(value is None or value > 0, key, value, "must be greater than 0",

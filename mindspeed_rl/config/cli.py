@@ -94,7 +94,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.
         config = load_config(args.config, args.overrides, check_data=not args.dry_run,
                              algorithm=algorithm)
         if args.dry_run:
-            print(make_plan(config, args.world_size).format())
+            plan = make_plan(config, args.world_size)
+            print(plan.format())
+            from mindspeed_rl.fault.save_time import save_time_line
+
+            line = save_time_line(config, plan.memory_bytes)  # measures the save folder
+            if line:
+                print(line)
         else:
             print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
     except ConfigError as error:

@@ -110,6 +110,11 @@ class ActorConfig(OptimizerKeys):
     save: str | None = setting(None, "checkpoint directory to write (the whole trainer: actor, "
                                      "critic, data position); null = no checkpoints", path=True)
     no_load_optim: bool = setting(False, "do not restore optimizer state from load")
+    trust_checkpoint: bool = setting(False, "read the pickled parts (.metadata, common.pt) of "
+                                            "load's and ref_config.load's torch_dist checkpoints "
+                                            "with plain pickle, which runs any code they name; "
+                                            "only for a trusted checkpoint the allow-list refuses "
+                                            "(docs/models.md)")
     no_load_rng: bool = setting(False, "do not restore RNG state from load")
     finetune: bool = setting(False, "start from load's weights at iteration 0, without its "
                                     "optimizer, RNG and data state (Megatron's --finetune)")
@@ -226,6 +231,10 @@ class RLConfig:
         "vLLM's groups) waits for a rank that does not arrive; then every other rank stops with "
         "a one-line error naming the phase. Must exceed the longest imbalance between ranks "
         "(e.g. the rollout's long tail)"))
+    save_on_sigterm_grace_s: float = setting(30.0, (
+        "seconds the job has between SIGTERM and SIGKILL to save (torchrun's "
+        "--shutdown-timeout, 30 by default); the dry run and rank 0 at start estimate the "
+        "save at this size and warn when it takes longer (docs/reliability.md)"))
     reward_workers: int | None = setting(None, (
         "processes that run the rule verifiers (model output is untrusted input: a call that "
         "hangs is killed there); null = this rank's share of the node's CPU cores, at most 8; "

@@ -10,7 +10,8 @@ different moments, so none may act on it alone:
   all-reduce (MAX) over a gloo group: all ranks see the same verdict, and when any
   rank was signalled every rank raises :class:`Preempted` before doing any work of
   that iteration. The launcher then writes a checkpoint (when ``actor_config.save``
-  is set) and exits 0. So a SIGTERM costs at most the rest of the current iteration
+  is set and the tracker file does not already name that iteration, as rank 0 reads
+  it: the verdict is broadcast, so the ranks save together or all skip) and exits 0. So a SIGTERM costs at most the rest of the current iteration
   plus one checkpoint save;
 - a second SIGTERM, more than :data:`REPEAT_AFTER_S` after the first, exits at once
   (status 143). Signals closer together count once: SLURM signals every process of
@@ -109,6 +110,14 @@ class Preemption:
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
+
+    def decide(self, verdict: int) -> int:
+        """Collective: rank 0's ``verdict`` on every rank. A decision every rank must act
+        on together (whether to save) is taken once, where file reads can differ between
+        nodes (a node-local or lagging tracker file), and sent to the others."""
+        box = torch.tensor([verdict], dtype=torch.int32)
+        dist.broadcast(box, src=0, group=self._group)
+        return int(box.item())
 
     def check(self, next_iteration: int) -> None:
         """The iteration-boundary hook: raise :class:`Preempted` on every rank alike."""

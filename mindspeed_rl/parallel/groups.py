@@ -38,8 +38,26 @@ def init_distributed(platform, timeout_s: float = 1800) -> None:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
+    communicator_env(timeout_s)  # read by HCCL when its communicators start
     platform.set_device()
+    # NCCL (and gloo) take their timeout from the process group: the same bound.
     dist.init_process_group(platform.backend, timeout=timedelta(seconds=timeout_s))
+
+
+# HCCL's accepted ranges (CANN): connect 120..7200 s, execution 0..17340 s.
+_HCCL_LIMITS = {"HCCL_CONNECT_TIMEOUT": (120, 7200), "HCCL_EXEC_TIMEOUT": (1, 17340)}
+
+
+def communicator_env(timeout_s: float, environ=None) -> dict[str, str]:
+    """Set HCCL's own timeouts from ``timeout_s`` (rl_config.collective_timeout_s), unless
+    exported already; returns what was set. HCCL waits on the device, where the process
+    group's timeout does not reach: without these it waits its defaults (connect 120 s,
+    execution about 30 min) whatever the config says."""
+    environ = os.environ if environ is None else environ
+    derived = {name: str(min(max(int(timeout_s), low), high))
+               for name, (low, high) in _HCCL_LIMITS.items() if name not in environ}
+    environ.update(derived)
+    return derived
 
 
 def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234,

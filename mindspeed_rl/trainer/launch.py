@@ -33,6 +33,12 @@ def _start(config, plan, *, header: str, plan_to: TextIO | None):
         print(plan.format(header=header), file=plan_to or sys.stdout, flush=True)
         print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
               file=plan_to or sys.stdout, flush=True)
+        from mindspeed_rl.fault.save_time import save_time_line
+
+        line = save_time_line(config, plan.memory_bytes)
+        if line:
+            print(line, file=sys.stderr if line.startswith("warning") else plan_to or sys.stdout,
+                  flush=True)
     return platform
 
 

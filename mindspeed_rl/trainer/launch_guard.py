@@ -101,6 +101,10 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+# Whether a preempted run saves (rank 0's verdict, broadcast).
+_SAVE, _ALREADY_SAVED, _NOTHING_RAN, _NO_SAVE_DIR = range(4)
+
+
 class LaunchGuard:
     """Fault handling of one launcher run (module docstring)."""
 
@@ -164,21 +168,31 @@ class LaunchGuard:
         _exit(FAILURE_EXIT)
         return FAILURE_EXIT  # not reached
 
-    def _preempted(self, stop: Preempted, save_checkpoint) -> int:
-        done = stop.next_iteration - 1
-        saved = ""
-        if self.save_dir and save_checkpoint is not None and done > self.first_iteration:
+    def _save_verdict(self, done: int, can_save: bool) -> int:
+        """Rank 0's reading of whether to save, the same on every rank (preemption.decide)."""
+        verdict = _SAVE
+        if done <= self.first_iteration:
+            verdict = _NOTHING_RAN
+        elif not (self.save_dir and can_save):
+            verdict = _NO_SAVE_DIR
+        elif tracker.rank == 0:
             from mindspeed_rl.checkpoint.megatron_dir import TRACKER_FILE
 
             tracker_file = os.path.join(self.save_dir, TRACKER_FILE)
-            already = (os.path.isfile(tracker_file)
-                       and open(tracker_file).read().strip() == str(done))
-            if not already:
+            if os.path.isfile(tracker_file) and open(tracker_file).read().strip() == str(done):
+                verdict = _ALREADY_SAVED
+        return preemption.decide(verdict)
+
+    def _preempted(self, stop: Preempted, save_checkpoint) -> int:
+        done = stop.next_iteration - 1
+        verdict = self._save_verdict(done, save_checkpoint is not None)
+        if verdict in (_SAVE, _ALREADY_SAVED):
+            if verdict == _SAVE:
                 tracker.enter("checkpoint")
                 save_checkpoint()
                 tracker.exit("checkpoint")
             saved = f"; checkpoint of iteration {done} in {self.save_dir}"
-        elif done <= self.first_iteration:
+        elif verdict == _NOTHING_RAN:
             saved = "; no iteration ran, nothing to save"
         else:
             saved = "; actor_config.save is not set, nothing saved"

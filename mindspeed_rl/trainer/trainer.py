@@ -48,8 +48,12 @@ class RLTrainer:
         self.model_dir, self.tokenizer, self.arch = _model(config)
         self.train_data, self.test_data = _datasets(config, self.tokenizer)
         initialize_megatron_parallel(plan.layout, seed=mt.seed)
+        from mindspeed_rl.checkpoint.safe_load import trust_checkpoints
+
+        trust_checkpoints(ac.trust_checkpoint)  # before any checkpoint is read
         # Which weights (one stated rule, mindspeed_rl/checkpoint/weight_source.py); None: resume.
-        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune)
+        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune,
+                                          save=ac.save)
         resume = start is None
         self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, start=start)
         self.initial_weights = self._announce_weights(start)

@@ -455,3 +455,67 @@ def test_retired_rows_leave_and_kept_rows_survive_a_checkpoint():
         assert cells == {4 + i: [10 + i, 11 + i, 12 + i] for i in range(4)}
         assert "row 0, which was retired" in r0["retired_put"]
         assert (r0["after_clear"], r1["after_clear"]) == ([10], [11])
+
+
+# ---- held rows, tags and named gets (partial rollout's pool) ------------------------------
+
+def _held_pool(mode: str) -> dict:
+    rank = dist.get_rank()
+    dock = build_transfer_dock(mode, timeout_s=60)
+    out = {}
+    # rank 0: one visible group (rows 0, 1); then both ranks put held groups with tags
+    dock.put({"ids": [torch.arange(2) + i for i in range(2)] if rank == 0 else []},
+             num_rows_per_group=2)
+    held = dock.put({"ids": [torch.arange(3 + i) for i in range(4)]}, num_rows_per_group=2,
+                    held=True, tags={"age": [rank * 10 + i for i in range(4)]})
+    out["held"] = held
+    out["rows_held"] = dock.rows(held=True).tolist()
+    out["rows_free"] = dock.rows(held=False).tolist()
+    out["tags"] = dock.tags("age", dock.rows(held=True)).tolist()
+    out["untagged"] = dock.tags("age", [0, 1]).tolist()
+    # a plain get sees only the visible rows
+    plain = dock.get("c", ["ids"], 1)
+    out["plain"] = plain.rows
+    try:  # and cannot be met from held rows
+        dock.get("c", ["ids"], 1)
+        out["shortfall"] = "no error"
+    except TransferDockError as e:
+        out["shortfall"] = str(e)
+    # a named get: rows 6..9 (rank 1's groups) first, then rows 2..5; at most 1 group each
+    named = dock.get("cont", ["ids"], 2, whole_groups=True,
+                     candidates=[6, 7, 8, 9, 2, 3, 4, 5])
+    out["named"] = named.rows
+    dock.release([2, 3])
+    out["after_release"] = dock.get("c", ["ids"], 1).rows
+    state = dock.state_dict()
+    fresh = build_transfer_dock(mode, timeout_s=60)
+    fresh.load_state_dict(state)
+    out["restored_held"] = fresh.rows(held=True).tolist()
+    out["restored_tags"] = fresh.tags("age", fresh.rows(held=True)).tolist()
+    # uneven: 3 groups named over 2 DP ranks -> 2 + 1
+    odd = fresh.get("odd", ["ids"], 4, whole_groups=True, candidates=[4, 5, 6, 7, 8, 9])
+    out["odd"] = odd.rows
+    return out
+
+
+def _held_both_modes() -> dict:
+    return {mode: _held_pool(mode) for mode in ("distributed", "centralized")}
+
+
+def test_held_rows_reach_only_named_gets_and_survive_a_checkpoint():
+    results = run_on_ranks(_held_both_modes, 2, timeout=300)
+    for mode in ("distributed", "centralized"):
+        r0, r1 = results[0][mode], results[1][mode]
+        assert (r0["held"], r1["held"]) == ([2, 3, 4, 5], [6, 7, 8, 9])
+        for r in (r0, r1):  # replicated metadata: every rank sees the same
+            assert r["rows_held"] == list(range(2, 10)) and r["rows_free"] == [0, 1]
+            assert r["tags"] == [0, 1, 2, 3, 10, 11, 12, 13] and r["untagged"] == [-1, -1]
+            assert r["restored_held"] == [4, 5, 6, 7, 8, 9]
+            assert r["restored_tags"] == [2, 3, 10, 11, 12, 13]
+        assert sorted(r0["plain"] + r1["plain"]) == [0, 1]
+        assert "can never be satisfied" in r0["shortfall"]
+        # the first two named groups in the candidates' order: (6, 7) and (8, 9)
+        assert sorted(r0["named"] + r1["named"]) == [6, 7, 8, 9]
+        assert sorted(r0["after_release"] + r1["after_release"]) == [2, 3]
+        assert sorted(map(len, (r0["odd"], r1["odd"]))) == [2, 4]
+        assert sorted(r0["odd"] + r1["odd"]) == [4, 5, 6, 7, 8, 9]

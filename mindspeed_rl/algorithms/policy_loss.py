@@ -112,6 +112,30 @@ def truncated_is_weights(logprobs_old: torch.Tensor, logprobs_rollout: torch.Ten
     return torch.exp(log_w).clamp(max=threshold)
 
 
+# Truncation of the off-policy weights of a partial rollout when rollout_is_threshold is
+# unset (verl's default truncation threshold for rollout correction).
+OFF_POLICY_IS_THRESHOLD = 2.0
+
+
+def off_policy_is_weights(logprobs_proximal: torch.Tensor, logprobs_behaviour: torch.Tensor,
+                          off_policy: torch.Tensor, threshold: float,
+                          on_policy_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token importance weights of a partial rollout (decoupled PPO, no gradient).
+
+    A token an older policy generated (``off_policy`` = 1) weighs
+    min(exp(logp_proximal - logp_behaviour), threshold): the proximal policy (the old
+    log-probs recomputed this iteration, which the ratio is clipped against) over the
+    policy that sampled it (its own rollout log-prob). The other tokens weigh
+    ``on_policy_weights`` (1, or the rollout-mismatch weights of ``rollout_is_threshold``).
+    A response continued across iterations mixes both, token by token.
+
+    all: [batch, resp_len] -> [batch, resp_len]
+    """
+    weights = truncated_is_weights(logprobs_proximal, logprobs_behaviour, threshold)
+    base = on_policy_weights if on_policy_weights is not None else torch.ones_like(weights)
+    return torch.where(off_policy > 0, weights, base)
+
+
 def _sequence_log_ratio(log_ratio: torch.Tensor, logprobs: torch.Tensor, mask_f: torch.Tensor,
                         segment_ids: torch.Tensor | None) -> torch.Tensor:
     """GSPO: each token's log-ratio becomes its sequence's mean log-ratio in value, with the

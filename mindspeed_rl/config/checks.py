@@ -33,6 +33,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_lengths(config)
     _check_training_features(config)
     _check_generation_features(config)
+    _check_partial_rollout(config)
     _check_verifiers(config)
     _check_reward_limits(config)
 
@@ -399,6 +400,25 @@ def _check_generation_features(config: RLJobConfig) -> None:
              "enable it, or set infer_expert_parallel_size: 1")
     _require(not g.enable_expert_parallel or m.is_moe, "generate_config.enable_expert_parallel",
              True, f"the model ({m.model_type}) has no experts", "set it to false")
+
+
+def _check_partial_rollout(config: RLJobConfig) -> None:
+    rl, max_tokens = config.rl_config, config.sampling_config.max_tokens
+    split = rl.partial_rollout_max_split
+    key = "rl_config.partial_rollout_max_split"
+    _require(split >= 1, key, split, "must be at least 1 (1 = off, N > 1: every response is "
+             "complete within N rollout passes)", "use 1, or e.g. 2")
+    _require(split <= max_tokens, key, split, f"exceeds generate_config.sampling_config."
+             f"max_tokens={max_tokens}: a rollout pass would generate less than one token",
+             f"use at most {max_tokens}, e.g. 2 or 4")
+    if split > 1:
+        _require(config.algorithm == "grpo", key, split,
+                 "partial rollout runs with GRPO and DAPO (pretrain_grpo.py), as in "
+                 "MindSpeed-RL; PPO's critic and GAE are not built for rows that span "
+                 "iterations", "set partial_rollout_max_split: 1 for PPO")
+        _require(config.sampling_config.temperature > 0 or rl.n_samples_per_prompt == 1, key,
+                 split, "greedy sampling with n_samples_per_prompt > 1 cannot form a group",
+                 "raise generate_config.sampling_config.temperature")
 
 
 def _check_verifiers(config: RLJobConfig) -> None:

@@ -222,7 +222,6 @@ ROWS: list[KeyRow] = [
          "hccl_buffersize runtime_env_path zmq_communication data_strategy "
          "transfer_queue_data_shard_num transfer_queue_data_shard_port_base actor_resource "
          "integrated_mode_config", _RAY),
-    *_na(RL, "async_engine", "generation is synchronous here", _off, "false"),
     *_na(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch_size "
          "reward_dispatch_size adv_dispatch_size actor_update_dispatch_size "
          "dynamic_sampling_dispatch_size kl_dispatch_size", _DISPATCH),
@@ -260,9 +259,8 @@ ROWS: list[KeyRow] = [
     KeyRow(RL, "filter_groups_train_batch_size", TRANSLATED, "the informative groups an "
            "iteration trains on -> megatron_training.global_batch_size, and their "
            "global_batch_size (prompts per generation round) -> rl_config.gen_batch_size"),
-    *_na(RL, "partial_rollout_max_split", "partial rollout is not implemented yet",
-         _at_most_one, "1"),
-    *_na(RL, "require_max_age_all_finished", "a partial-rollout setting"),
+    *_same(RL, "partial_rollout_max_split require_max_age_all_finished async_engine",
+           "rl_config"),
     *_na(RL, "multi_turn_enable is_multimodal reuse_image_embeds colocate_actor_and_vit "
          "share_backbone tp_split_expert", "multi-turn tool use, multimodal models, LoRA "
          "backbone sharing and expert splitting in resharding are not implemented here",

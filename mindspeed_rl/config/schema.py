@@ -286,6 +286,20 @@ class RLConfig:
         "truncated importance-sampling correction of the rollout engine's samples: each "
         "token's loss x min(p_old / p_rollout, threshold), for rollouts in another dtype than "
         "training; null = off"))
+    partial_rollout_max_split: int = setting(1, (
+        "partial rollout (MindSpeed-RL's key): N > 1 stops long responses early and continues "
+        "them in later iterations, so every response is complete within N rollout passes and "
+        "no trained row is older than N - 1 iterations; each pass generates at most "
+        "ceil(max_tokens / N) new tokens per row (or, with async_engine, stops once enough "
+        "groups are finished); 1 = off"))
+    require_max_age_all_finished: bool = setting(True, (
+        "partial rollout: rows that reached the age bound (N - 1 iterations) must finish in "
+        "this iteration's rollout before training starts"))
+    async_engine: bool = setting(False, (
+        "step-wise generation (MindSpeed-RL's async engine): with partial rollout, a rollout "
+        "pass stops on every generation-DP rank together once enough whole groups are "
+        "finished and keeps the rest as partial rows; without partial rollout it generates "
+        "exactly what the batch call does"))
     filter_groups_enable: bool = setting(False, (
         "DAPO dynamic sampling: drop the groups whose filter_groups_metric is equal for all "
         "their samples (no learning signal) and generate on fresh prompts until "

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from mindspeed_rl.algorithms import (agg_loss, entropy_from_vocab_parallel_logits, kl_penalty,
+from mindspeed_rl.algorithms import (OFF_POLICY_IS_THRESHOLD, agg_loss,
+                                     entropy_from_vocab_parallel_logits, kl_penalty,
                                      default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
-                                     policy_loss, truncated_is_weights)
+                                     off_policy_is_weights, policy_loss, truncated_is_weights)
 from mindspeed_rl.engine.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.engine.optim import TrainableModel
 from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
@@ -25,7 +26,8 @@ from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
 _MASKED_LOGIT = -1e9
 
 _STAT_KEYS = ["pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl",
-              "rollout_logprob_abs_diff", "tokens", "units"]
+              "rollout_logprob_abs_diff", "off_policy_tokens", "off_policy_is_weight", "tokens",
+              "units"]
 _PER_UNIT = ("pg_loss", "kl_loss", "entropy")
 
 
@@ -108,6 +110,7 @@ class PolicyObjective:
         self.level = "sequence" if rl.policy_loss == "gspo" else "token"
         self.sums: dict[str, float] = {}
         self.max_diff = torch.zeros(())
+        self.max_is_weight = torch.zeros(())
 
     def loss(self, logits, mb: MicroBatch):
         """megatron's ``(loss, units, reported)`` for one micro-batch."""
@@ -121,6 +124,14 @@ class PolicyObjective:
         if rl.rollout_is_threshold is not None:
             is_weights = truncated_is_weights(logp_old, mb.extras["logprobs_rollout"],
                                               rl.rollout_is_threshold)
+        off = torch.zeros_like(mask)
+        if "off_policy" in mb.extras:  # a partial rollout's tokens of older policies
+            off = mb.extras["off_policy"] * mask
+            is_weights = off_policy_is_weights(
+                logp_old, mb.extras["logprobs_rollout"], off,
+                rl.rollout_is_threshold or OFF_POLICY_IS_THRESHOLD, is_weights)
+            self.max_is_weight = torch.maximum(self.max_is_weight,
+                                               (is_weights * off).max().detach())
         pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"], mask, self.low,
                                     self.high, clip_ratio_dual=rl.clip_ratio_c,
                                     ratio_level=self.level, is_weights=is_weights, **agg)
@@ -146,7 +157,11 @@ class PolicyObjective:
         for key, value in (("pg_loss", pg_sum), ("kl_loss", kl_sum), ("entropy", ent_sum),
                            ("pg_clipfrac", stats["pg_clipfrac"] * n),
                            ("ppo_kl", stats["approx_kl"] * n),
-                           ("rollout_logprob_abs_diff", diff.sum()), ("tokens", n),
+                           ("rollout_logprob_abs_diff", diff.sum()),
+                           ("off_policy_tokens", off.sum()),
+                           ("off_policy_is_weight",
+                            (is_weights * off).sum() if off.any() else off.sum()),
+                           ("tokens", n),
                            ("units", units)):
             self.sums[key] = self.sums.get(key, 0.0) + float(value.detach())
         return loss, units.to(torch.int), {"loss": loss.detach().clone()}
@@ -156,8 +171,14 @@ class PolicyObjective:
         aggregation, the rest per token."""
         totals = reduce_sums_once_per_dp_rank(self.sums, _STAT_KEYS)
         tokens, units = max(totals.pop("tokens"), 1.0), max(totals.pop("units"), 1.0)
+        off_tokens = totals.pop("off_policy_tokens")
+        off_weights = totals.pop("off_policy_is_weight")
         stats = {k: v / (units if k in _PER_UNIT else tokens) for k, v in totals.items()}
         stats["rollout_logprob_abs_diff_max"] = max_over_world(float(self.max_diff))
+        if getattr(self.rl, "partial_rollout_max_split", 1) > 1:  # off-policy tokens of a partial rollout
+            stats["off_policy_token_fraction"] = off_tokens / tokens
+            stats["off_policy_is_weight_mean"] = off_weights / max(off_tokens, 1.0)
+            stats["off_policy_is_weight_max"] = max_over_world(float(self.max_is_weight))
         return stats
 
 

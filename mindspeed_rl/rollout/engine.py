@@ -318,12 +318,16 @@ class RolloutEngine:
 
     # ---- generation -------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingConfig,
-                 *, seeds: Sequence[int] | None = None, use_tqdm: bool = False) -> RolloutResult:
+                 *, seeds: Sequence[int] | None = None, use_tqdm: bool = False,
+                 max_tokens: Sequence[int] | None = None,
+                 min_tokens: Sequence[int] | None = None) -> RolloutResult:
         """Sample ``n`` responses for each prompt (token ids in, token ids + log-probs out).
 
         ``seeds`` (one per prompt) make sampling reproducible and independent of batch
         composition: a resumed run samples exactly what an uninterrupted one would.
         Use distinct seeds per prompt; the ``n`` samples of one prompt differ anyway.
+        ``max_tokens`` / ``min_tokens`` (one per prompt) replace ``sampling``'s: a partial
+        rollout continues each response (prompt + its tokens so far) with its own budget.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -332,17 +336,20 @@ class RolloutEngine:
             raise RolloutConfigError(
                 f"sampling_config.temperature=0 (greedy) cannot give n_samples_per_prompt={n} "
                 "different responses; raise the temperature or set n to 1")
+        most = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
+        least = list(min_tokens) if min_tokens is not None else [sampling.min_tokens] * len(prompts)
         for i, p in enumerate(prompts):
-            if len(p) + sampling.max_tokens > self.max_model_len:
+            if len(p) + most[i] > self.max_model_len:
                 raise RolloutConfigError(
                     f"prompt {i} has {len(p)} tokens; with sampling_config.max_tokens="
-                    f"{sampling.max_tokens} it exceeds generate_config.max_model_len="
+                    f"{most[i]} it exceeds generate_config.max_model_len="
                     f"{self.max_model_len}")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        for name, values in (("seeds", seeds), ("max_tokens", most), ("min_tokens", least)):
+            if values is not None and len(values) != len(prompts):
+                raise ValueError(f"{len(values)} {name} for {len(prompts)} prompts")
         params = [SamplingParams(
             n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-            min_p=sampling.min_p, max_tokens=sampling.max_tokens, min_tokens=sampling.min_tokens,
+            min_p=sampling.min_p, max_tokens=most[i], min_tokens=least[i],
             stop_token_ids=list(sampling.stop_token_ids) or None, logprobs=0, detokenize=False,
             seed=None if seeds is None else int(seeds[i])) for i in range(len(prompts))]
         from mindspeed_rl.metrics.console import verbose

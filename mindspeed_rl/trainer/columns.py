@@ -42,23 +42,34 @@ class Column:
 FINISH_REASONS = ("stop", "length", "abort", "partial")
 
 _FORWARDS = ("reward_model", "values", "old_log_p", "reference_model")
+# A partial rollout (rollout.py's continuation) reads back the unfinished rows it wrote.
+_R = ("rollout",)
 COLUMNS: dict[str, Column] = {c.name: c for c in (
-    Column("prompt_ids", torch.int64, "[P]", ("rollout",),
-           _FORWARDS + ("critic_update", "update"), "prompt token ids"),
-    Column("response_ids", torch.int64, "[R]", ("rollout",),
-           ("reward", "adv", "gae") + _FORWARDS + ("critic_update", "update"),
+    Column("prompt_ids", torch.int64, "[P]", _R,
+           _R + _FORWARDS + ("critic_update", "update"), "prompt token ids"),
+    Column("response_ids", torch.int64, "[R]", _R,
+           _R + ("reward", "adv", "gae") + _FORWARDS + ("critic_update", "update"),
            "response token ids (the reward decodes them; adv/gae take their length)"),
-    Column("logprobs_rollout", torch.float32, "[R]", ("rollout",), ("update",),
-           "the rollout engine's log-prob of each sampled token (rollout-training mismatch)"),
-    Column("prompt_index", torch.int64, "[]", ("rollout",), ("reward",),
+    Column("logprobs_rollout", torch.float32, "[R]", _R, _R + ("update",),
+           "the rollout engine's log-prob of each sampled token: the behaviour policy "
+           "(rollout-training mismatch, off-policy correction)"),
+    Column("token_versions", torch.int64, "[R]", _R, _R + ("update",),
+           "partial rollout: the weight version that generated each response token (a "
+           "response continued across iterations mixes versions)"),
+    Column("prompt_index", torch.int64, "[]", _R, _R + ("reward",),
            "the prompt's index in the training dataset (its gold answer for the verifiers)"),
-    Column("finish_reason", torch.int64, "[]", ("rollout",), ("reward",),
+    Column("finish_reason", torch.int64, "[]", _R, _R + ("reward",),
            f"index into {FINISH_REASONS} (truncated responses are counted)"),
-    Column("weight_version", torch.int64, "[]", ("rollout",), ("update",),
-           "actor optimizer steps when the row was generated (on-policy check)"),
-    Column("group_id", torch.int64, "[]", ("rollout",), ("dynamic_sampling", "adv"),
+    Column("weight_version", torch.int64, "[]", _R, _R + ("update",),
+           "actor optimizer steps when the row's first token was generated (on-policy check)"),
+    Column("birth_iteration", torch.int64, "[]", _R, _R + ("update",),
+           "partial rollout: the iteration whose rollout started the row (its age when "
+           "trained)"),
+    Column("num_segments", torch.int64, "[]", _R, _R + ("update",),
+           "partial rollout: rollout passes that generated the row's tokens"),
+    Column("group_id", torch.int64, "[]", _R, _R + ("dynamic_sampling", "adv"),
            "unique id of the prompt's group of n samples (grows across iterations)"),
-    Column("sample_idx", torch.int64, "[]", ("rollout",), ("adv",),
+    Column("sample_idx", torch.int64, "[]", _R, _R + ("adv",),
            "which of the n samples of its group the row is"),
     Column("rm_scores", torch.float32, "[]", ("reward_model",), ("reward",),
            "the reward model's score of the whole response"),
@@ -100,17 +111,22 @@ def check_contract(phases_per_algorithm: dict[str, Sequence[str]],
         for col in columns:
             written = [order[p] for p in col.producers if p in order]
             read = [p for p in col.consumers if p in order]
+            # a phase may read back what it wrote itself (a partial rollout's later passes)
+            read = [p for p in read if p not in col.producers]
             if written and read and min(order[p] for p in read) <= min(written):
                 first = min(read, key=order.get)
                 raise ContractError(f"{algorithm}: phase {first!r} reads column {col.name!r} "
                                     "before any phase writes it")
 
 
-def active_columns(phases: Sequence[str], columns: dict[str, Column] = COLUMNS) -> set[str]:
-    """The columns an algorithm stores: written by one of its phases and read by another."""
+def active_columns(phases: Sequence[str], columns: dict[str, Column] = COLUMNS,
+                   rereads: Sequence[str] = ()) -> set[str]:
+    """The columns an algorithm stores: written by one of its phases and read by another
+    (or read back by a phase of ``rereads`` that writes it: a partial rollout)."""
     running = set(phases)
     return {name for name, col in columns.items()
-            if running & set(col.producers) and running & set(col.consumers)}
+            if running & set(col.producers)
+            and running & (set(col.consumers) - (set(col.producers) - set(rereads)))}
 
 
 def markdown_table(columns: dict[str, Column] = COLUMNS) -> str:

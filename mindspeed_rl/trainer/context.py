@@ -59,15 +59,24 @@ class BoundFlow:
         self._flow, self.phase = flow, phase
 
     def get(self, columns: Sequence[str], rows_per_dp_rank: int, layout: str, *,
-            consumer: str | None = None, whole_groups: bool = False) -> DockBatch | None:
+            consumer: str | None = None, whole_groups: bool = False,
+            candidates: Sequence[int] | None = None) -> DockBatch | None:
         return self._flow.get(self.phase, columns, rows_per_dp_rank, layout, consumer=consumer,
-                              whole_groups=whole_groups)
+                              whole_groups=whole_groups, candidates=candidates)
 
     def put(self, batch: DockBatch | None, columns) -> None:
         self._flow.put(self.phase, batch, columns)
 
-    def put_rows(self, columns, *, group_size: int) -> list[int]:
-        return self._flow.put_rows(self.phase, columns, group_size=group_size)
+    def put_rows(self, columns, *, group_size: int, held: bool = False,
+                 tags=None) -> list[int]:
+        return self._flow.put_rows(self.phase, columns, group_size=group_size, held=held,
+                                   tags=tags)
+
+    @property
+    def dock(self):
+        """The TransferDock itself, for its replicated row metadata (``rows``, ``tags``)
+        and ``release``; data moves only through get and put."""
+        return self._flow.dock
 
     def carries(self, column: str) -> bool:
         """Whether this algorithm's flow keeps ``column`` (some phase writes it and another

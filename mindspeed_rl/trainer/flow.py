@@ -25,16 +25,19 @@ class SampleFlow:
         phases: the algorithm's phase names, in order.
         layouts: named consumer layouts (e.g. ``train``: the megatron DP ranks with
             their TP/PP peers; ``gen_writers``: one rank per generation-DP rank).
+        rereads: phases that read back columns they wrote (the rollout of a partial
+            rollout), so those columns are kept even if no other phase reads them.
     """
 
     def __init__(self, dock: TransferDock, phases: Sequence[str],
                  layouts: Mapping[str, ConsumerLayout],
-                 columns: Mapping[str, Column] = COLUMNS, *, trace: bool = False) -> None:
+                 columns: Mapping[str, Column] = COLUMNS, *, trace: bool = False,
+                 rereads: Sequence[str] = ()) -> None:
         self.dock = dock
         self.phases = tuple(phases)
         self.layouts = dict(layouts)
         self.columns = dict(columns)
-        self.active = active_columns(self.phases, self.columns)
+        self.active = active_columns(self.phases, self.columns, rereads)
         # With ``trace``: {consumer: row ids this rank received} since the last retire_all.
         self.trace: dict[str, list[int]] | None = {} if trace else None
 
@@ -65,19 +68,26 @@ class SampleFlow:
         return kept
 
     def put_rows(self, phase: str, columns: Mapping[str, Sequence[torch.Tensor]], *,
-                 group_size: int) -> list[int]:
-        """New rows (every rank calls it; a rank with nothing to add passes ``{}``)."""
-        return self.dock.put(self._checked(phase, columns), num_rows_per_group=group_size)
+                 group_size: int, held: bool = False,
+                 tags: Mapping[str, Sequence[int]] | None = None) -> list[int]:
+        """New rows (every rank calls it; a rank with nothing to add passes ``{}``);
+        ``held`` rows reach only gets that name them until released, ``tags`` are small
+        per-row integers every rank can read (``TransferDock.put``)."""
+        return self.dock.put(self._checked(phase, columns), num_rows_per_group=group_size,
+                             held=held, tags=tags)
 
     def get(self, phase: str, columns: Sequence[str], rows_per_dp_rank: int, layout: str, *,
-            consumer: str | None = None, whole_groups: bool = False) -> DockBatch | None:
+            consumer: str | None = None, whole_groups: bool = False,
+            candidates: Sequence[int] | None = None) -> DockBatch | None:
         """``rows_per_dp_rank`` rows to each DP rank of ``layout`` (None where it takes no
         part). ``consumer`` defaults to the phase (a phase that reads the rows several
-        times, e.g. one update per epoch, names each pass)."""
+        times, e.g. one update per epoch, names each pass). ``candidates``: only these
+        rows, at most ``rows_per_dp_rank`` each (``TransferDock.get``)."""
         for name in columns:
             self._column(phase, name, "get")
         batch = self.dock.get(consumer or phase, list(columns), rows_per_dp_rank,
-                              self.layouts[layout], whole_groups=whole_groups)
+                              self.layouts[layout], whole_groups=whole_groups,
+                              candidates=candidates)
         if self.trace is not None and batch is not None:
             self.trace.setdefault(consumer or phase, []).extend(batch.rows)
         return batch
@@ -94,8 +104,10 @@ class SampleFlow:
         self.dock.retire(rows)
 
     def retire_all(self) -> dict[str, list[int]] | None:
-        """Every row has reached all its consumers: drop them (ids keep growing). Returns
-        (and resets) the trace of this rank's gets, when tracing."""
-        self.dock.retire(None)
+        """The end of an iteration: drop every row but the held ones (partial rollout's
+        carried rows); ids keep growing. Returns (and resets) the trace of this rank's
+        gets, when tracing."""
+        held = self.dock.rows(held=True)
+        self.dock.retire(None if not len(held) else self.dock.rows(held=False))
         trace, self.trace = self.trace, ({} if self.trace is not None else None)
         return trace

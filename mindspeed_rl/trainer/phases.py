@@ -25,6 +25,7 @@ from mindspeed_rl.rewards import check_finite_scores, compute_rewards
 from mindspeed_rl.engine.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.partial_rollout import partial_rollout
 from mindspeed_rl.engine.critic import forward_scores, forward_values
 from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
@@ -87,7 +88,11 @@ def resharding_to_train(ctx: PhaseContext) -> dict[str, float]:
 
 def rollout(ctx: PhaseContext) -> dict[str, float]:
     """Sample n responses per prompt of this generation-DP rank's share of the batch; the
-    first rank of each vLLM instance puts the rows (all samples of a prompt together)."""
+    first rank of each vLLM instance puts the rows (all samples of a prompt together).
+    With ``partial_rollout_max_split`` > 1: passes over carried and fresh rows until the
+    batch's groups are finished (``partial_rollout.py``)."""
+    if ctx.rl.partial_rollout_max_split > 1:
+        return partial_rollout(ctx)
     b, n, mt = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.config.megatron_training
     me = ctx.ranks
     indices = ctx.train_data.next_indices(b.prompts_per_generation_round)
@@ -330,6 +335,20 @@ def gae(ctx: PhaseContext) -> dict[str, float]:
     return metrics
 
 
+def _mark_off_policy(ctx: PhaseContext, rows: RowBatch, proximal: int) -> None:
+    """Replace the rows' token versions by their ``off_policy`` mask (1 where weights other
+    than the ``proximal`` version generated the token) and check the age bound."""
+    versions = rows.extras.pop("token_versions")
+    rows.extras["off_policy"] = [(v != proximal).float() for v in versions]
+    births = rows.extras.pop("birth_iteration")
+    bound = ctx.rl.partial_rollout_max_split - 1
+    too_old = [int(b) for b in births if ctx.it.iteration - int(b) > bound]
+    if too_old:
+        raise RuntimeError(f"partial rollout: a row born in iteration {too_old[0]} reached "
+                           f"the update of iteration {ctx.it.iteration}, older than "
+                           f"partial_rollout_max_split - 1 = {bound} iterations")
+
+
 def _padded(cells: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """([rows, R] mask, [rows, R] values) of variable-length per-token cells."""
     padded = torch.nn.utils.rnn.pad_sequence(cells, batch_first=True) if cells else \
@@ -411,6 +430,10 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
     extras = ["advantages", "logprobs_rollout", "weight_version"]
     if ctx.flow.carries("logprobs_old"):  # else on-policy: the update's own, detached
         extras.append("logprobs_old")
+    partial = rl.partial_rollout_max_split > 1
+    if partial:  # which tokens older weights generated: off-policy, importance-weighted
+        extras += ["token_versions", "birth_iteration"]
+    proximal = actor.weight_version  # the weights the old log-probs were computed with
     kl_coef = 0.0 if rl.use_kl_in_reward or ctx.roles.reference is None else rl.init_kl_coef
     if kl_coef:
         extras.append("logprobs_ref")
@@ -420,12 +443,21 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
             batch = ctx.flow.get(["prompt_ids", "response_ids", *extras],
                                  b.responses_per_mini_batch_per_training_dp_rank, "train",
                                  consumer=f"{names.UPDATE}_{epoch}")
+            rows = _rows(batch, tuple(extras))
+            if partial:
+                _mark_off_policy(ctx, rows, proximal)
             steps.append(actor.update(
-                _rows(batch, tuple(extras)), b.micro_batching[names.UPDATE], rl,
+                rows, b.micro_batching[names.UPDATE], rl,
                 kl_coef=kl_coef, vocab_size=ctx.vocab_size,
                 norm_length=ctx.config.sampling_config.max_tokens,
                 temperature=ctx.temperature))
     metrics = _mean_of_steps(steps, "actor")
+    if partial:
+        for key in ("off_policy_token_fraction", "off_policy_is_weight_mean"):
+            metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
+        metrics["rollout/off_policy_is_weight_max"] = max(s["off_policy_is_weight_max"]
+                                                          for s in steps)
+        metrics.pop("actor/off_policy_is_weight_max")
     metrics["rollout/logprob_abs_diff_mean"] = metrics.pop("actor/rollout_logprob_abs_diff")
     metrics["rollout/logprob_abs_diff_max"] = max(s["rollout_logprob_abs_diff_max"]
                                                   for s in steps)

@@ -316,7 +316,8 @@ def _sample_flow(rl, phases, layout) -> SampleFlow:
 
     dock = build_transfer_dock(rl.transfer_dock_mode,
                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s)
-    return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow)
+    return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow,
+                      rereads=("rollout",) if rl.partial_rollout_max_split > 1 else ())
 
 
 def _efficiency(config, platform, model):
@@ -331,12 +332,15 @@ def _efficiency(config, platform, model):
 
 def _layouts(layout) -> dict:
     """The consumer layouts of the phases: ``train`` (megatron DP ranks, every TP/PP peer
-    receives its DP rank's rows) and ``gen_writers`` (the first rank of each vLLM
-    instance, which put the rollout rows)."""
+    receives its DP rank's rows), ``gen_writers`` (the first rank of each vLLM
+    instance, which put the rollout rows) and ``gen`` (every rank of each vLLM instance:
+    a partial rollout's continued rows)."""
     from mindspeed_rl.transfer_dock import ConsumerLayout
 
     tpg = layout.infer_tensor_parallel_size
     return {"train": ConsumerLayout.megatron(layout.world_size, layout.tensor_model_parallel_size,
                                              layout.pipeline_model_parallel_size),
             "gen_writers": ConsumerLayout(tuple((k * tpg,)
-                                                for k in range(layout.infer_data_parallel_size)))}
+                                                for k in range(layout.infer_data_parallel_size))),
+            "gen": ConsumerLayout(tuple(tuple(range(k * tpg, (k + 1) * tpg))
+                                        for k in range(layout.infer_data_parallel_size)))}

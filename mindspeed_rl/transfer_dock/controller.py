@@ -46,10 +46,15 @@ class PutRecord:
     columns: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
     token_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # new rows
     num_rows_per_group: int = 1  # only for new rows
+    # New rows only: held rows are delivered only to gets that name them (``candidates``)
+    # until released; ``tags`` are small per-row ints every rank sees (e.g. a row's status).
+    held: bool = False
+    tags: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", _int_array(self.rows))
         object.__setattr__(self, "token_lengths", _int_array(self.token_lengths))
+        object.__setattr__(self, "tags", {k: _int_array(v) for k, v in self.tags.items()})
         columns = {}
         for name, (dtype_name, shapes) in self.columns.items():
             shapes = np.asarray(shapes, dtype=np.int64)
@@ -202,6 +207,8 @@ class Controller:
         self.token_length = np.zeros(0, dtype=np.int64)
         self.group = np.zeros(0, dtype=np.int64)  # group id = local id of the group's first row
         self.live = np.zeros(0, dtype=bool)  # False once retired
+        self.held = np.zeros(0, dtype=bool)  # True until released: only named gets see it
+        self.tags: dict[str, np.ndarray] = {}  # replicated small ints per row (-1: unset)
         self.columns: dict[str, _Column] = {}
         self._taken: dict[str, np.ndarray] = {}
 
@@ -232,12 +239,15 @@ class Controller:
             self.token_length = self.token_length[k:]
             self.group = self.group[k:] - k
             self.live = self.live[k:]
+            self.held = self.held[k:]
+            self.tags = {name: values[k:] for name, values in self.tags.items()}
             for col in self.columns.values():
                 col.drop_leading(k)
             self._taken = {c: t[k:] for c, t in self._taken.items()}
         if not self.num_rows:  # every row retired: column dtypes may change next time
             self.columns = {}
             self._taken = {}
+            self.tags = {}
         return k
 
     def state_dict(self) -> dict:
@@ -246,7 +256,9 @@ class Controller:
         t = torch.from_numpy
         return {"base": self.base, "num_rows": self.num_rows,
                 "token_length": t(self.token_length.copy()), "group": t(self.group.copy()),
-                "live": t(self.live.copy()), "rank_sets": [sorted(s) for s in self.rank_sets.sets],
+                "live": t(self.live.copy()), "held": t(self.held.copy()),
+                "tags": {name: t(values.copy()) for name, values in self.tags.items()},
+                "rank_sets": [sorted(s) for s in self.rank_sets.sets],
                 "taken": {c: t(m.copy()) for c, m in self._taken.items()},
                 "columns": {name: [str(c.dtype), c.ndim, t(c.owner.copy()), t(c.reached.copy()),
                                    t(c.numel.copy()), t(c.shape.copy())]
@@ -259,6 +271,9 @@ class Controller:
         self.base, self.num_rows = int(state["base"]), int(state["num_rows"])
         self.token_length, self.group = state["token_length"].numpy(), state["group"].numpy()
         self.live = state["live"].numpy()
+        # checkpoints written before rows could be held have neither entry
+        self.held = state["held"].numpy() if "held" in state else np.zeros_like(self.live)
+        self.tags = {name: values.numpy() for name, values in state.get("tags", {}).items()}
         self._taken = {c: m.numpy() for c, m in state["taken"].items()}
         self.columns = {}
         for name, (dtype, ndim, owner, reached, numel, shape) in state["columns"].items():
@@ -305,6 +320,10 @@ class Controller:
             if rec.num_new_rows and len(rec.token_lengths) != rec.num_new_rows:
                 raise TransferDockError(f"rank {rank} put {rec.num_new_rows} new rows with "
                                         f"{len(rec.token_lengths)} token lengths")
+            for name, values in rec.tags.items():
+                if len(values) != rec.num_new_rows:
+                    raise TransferDockError(f"rank {rank} put {rec.num_new_rows} new rows with "
+                                            f"{len(values)} values of tag {name!r}")
             rows_per_rank.append(rows)
         return rows_per_rank, next_row
 
@@ -401,10 +420,23 @@ class Controller:
                 group = max(rec.num_rows_per_group, 1)
                 self.token_length = np.concatenate([self.token_length, rec.token_lengths])
                 self.group = np.concatenate([self.group, rows - (rows - rows[0]) % group])
+                self.held = np.concatenate([self.held, np.full(len(rows), rec.held)])
+                self._commit_tags(rec.tags, len(rows))
         self.live = np.concatenate([self.live, np.ones(next_row - self.num_rows, dtype=bool)])
         self.num_rows = next_row
         for col in self.columns.values():
             col.grow(next_row)
+
+    def _commit_tags(self, tags: dict[str, np.ndarray], num_new: int) -> None:
+        """Append the tags of ``num_new`` new rows (-1 where a put sets no such tag)."""
+        before = len(self.held) - num_new
+        for name in set(self.tags) | set(tags):
+            old = self.tags.get(name, np.full(before, -1, dtype=np.int64))
+            self.tags[name] = np.concatenate([old, tags.get(name, np.full(num_new, -1))])
+
+    def release(self, rows: np.ndarray) -> None:
+        """Held local ``rows`` become visible to every consumer."""
+        self.held[rows] = False
 
     def _commit_column(self, placed: _Placed, kinds: dict[str, tuple[torch.dtype, int]],
                        num_rows: int) -> ColumnPlacement:
@@ -438,8 +470,8 @@ class Controller:
 
     # ---- get -----------------------------------------------------------------
     def plan_get(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
-                 ranks_per_dp_rank: Sequence[Sequence[int]], whole_groups: bool = False
-                 ) -> list[np.ndarray]:
+                 ranks_per_dp_rank: Sequence[Sequence[int]], whole_groups: bool = False,
+                 candidates: np.ndarray | None = None) -> list[np.ndarray]:
         """Rows each DP rank of ``consumer`` receives (ascending row ids per DP rank).
 
         Takes the oldest ready rows not yet taken by ``consumer`` (whole groups
@@ -448,6 +480,11 @@ class Controller:
         consumer, columns and counts when the request can never be met: in SPMD
         every put that precedes this get is already published, so a shortfall
         now is a shortfall forever.
+
+        With ``candidates`` (local row ids, in priority order; held rows included) only
+        those rows are eligible, in that order, and the request is a bound: every DP rank
+        receives at most ``rows_per_dp_rank`` of them (the ready ones, as evenly as the
+        units allow).
         """
         num_dp_ranks = len(ranks_per_dp_rank)
         if rows_per_dp_rank < 0:
@@ -455,9 +492,13 @@ class Controller:
                                     f"{rows_per_dp_rank} must be >= 0")
         if not columns:
             raise TransferDockError(f"get for consumer {consumer!r} names no columns")
-        firsts, group_size = self._ready_units(consumer, columns, rows_per_dp_rank, whole_groups)
+        firsts, group_size = self._ready_units(consumer, columns, rows_per_dp_rank, whole_groups,
+                                               candidates)
         units_per_dp_rank = rows_per_dp_rank // group_size
         num_units_needed = units_per_dp_rank * num_dp_ranks
+        if candidates is not None:
+            return self._plan_candidates(firsts, group_size, columns, ranks_per_dp_rank,
+                                         units_per_dp_rank)
         if len(firsts) < num_units_needed:
             raise TransferDockError(self._shortfall_message(
                 consumer, columns, rows_per_dp_rank, num_dp_ranks, len(firsts) * group_size,
@@ -472,17 +513,41 @@ class Controller:
                                      units_per_dp_rank)
         return [np.sort(unit_rows[list(units)].reshape(-1)) for units in units_per_bin]
 
+    def _plan_candidates(self, firsts: np.ndarray, group_size: int, columns: Sequence[str],
+                         ranks_per_dp_rank: Sequence[Sequence[int]], units_per_dp_rank: int
+                         ) -> list[np.ndarray]:
+        """``plan_get`` of named rows: up to ``units_per_dp_rank`` units per DP rank, the
+        first ``firsts`` in priority order, balanced (empty units fill the bins)."""
+        num_dp_ranks = len(ranks_per_dp_rank)
+        firsts = firsts[:units_per_dp_rank * num_dp_ranks]
+        if not len(firsts):
+            return [np.zeros(0, dtype=np.int64) for _ in range(num_dp_ranks)]
+        per_bin = -(-len(firsts) // num_dp_ranks)
+        unit_rows = firsts[:, None] + np.arange(group_size)
+        lengths = self.token_length[unit_rows].sum(axis=1).tolist()
+        local = self._local_bytes(unit_rows, columns, ranks_per_dp_rank)
+        empty = per_bin * num_dp_ranks - len(firsts)
+        local = np.concatenate([local, np.zeros((empty, num_dp_ranks), dtype=np.int64)])
+        units_per_bin = assign_units(lengths + [0] * empty, local, num_dp_ranks, per_bin)
+        return [np.sort(unit_rows[[u for u in units if u < len(firsts)]].reshape(-1))
+                for units in units_per_bin]
+
     def _ready_units(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
-                     whole_groups: bool) -> tuple[np.ndarray, int]:
-        """The first row of every ready unit, oldest first, and the unit's size: single
-        rows, or with ``whole_groups`` the groups whose rows are all ready."""
-        ready = self.ready_mask(consumer, columns)
+                     whole_groups: bool, candidates: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, int]:
+        """The first row of every ready unit, oldest first (or in ``candidates`` order),
+        and the unit's size: single rows, or with ``whole_groups`` the groups whose rows
+        are all ready."""
+        ready = self.ready_mask(consumer, columns, candidates)
         if not whole_groups:
-            return np.flatnonzero(ready), 1
+            firsts = np.flatnonzero(ready)
+            return firsts[self._order(firsts, candidates)], 1
         firsts, sizes = np.unique(self.group, return_counts=True)  # groups are contiguous
         group_ready = (np.logical_and.reduceat(ready, firsts) if len(firsts)
                        else np.zeros(0, bool))
         firsts, sizes = firsts[group_ready], sizes[group_ready]
+        order = self._order(firsts, candidates)
+        firsts, sizes = firsts[order], sizes[order]
         group_sizes = sorted(set(sizes.tolist()))
         if len(group_sizes) > 1:
             raise TransferDockError(
@@ -524,11 +589,28 @@ class Controller:
             taken = self._taken[consumer] = grown
         return taken
 
-    def ready_mask(self, consumer: str, columns: Sequence[str]) -> np.ndarray:
-        """``[num_rows]`` bool: ``columns`` all written and not taken by ``consumer``."""
+    def _order(self, firsts: np.ndarray, candidates: np.ndarray | None) -> np.ndarray:
+        """The permutation that puts ``firsts`` in the order of ``candidates`` (the
+        identity without)."""
+        if candidates is None:
+            return np.arange(len(firsts))
+        position = np.full(self.num_rows, len(candidates), dtype=np.int64)
+        position[candidates[::-1]] = np.arange(len(candidates))[::-1]  # first mention wins
+        return np.argsort(position[firsts], kind="stable")
+
+    def ready_mask(self, consumer: str, columns: Sequence[str],
+                   candidates: np.ndarray | None = None) -> np.ndarray:
+        """``[num_rows]`` bool: ``columns`` all written and not taken by ``consumer``; not
+        held, or, with ``candidates``, among them (held or not)."""
         if any(c not in self.columns for c in columns):
             return np.zeros(self.num_rows, dtype=bool)
         ready = ~self._taken_mask(consumer) & self.live
+        if candidates is None:
+            ready &= ~self.held
+        else:
+            named = np.zeros(self.num_rows, dtype=bool)
+            named[candidates] = True
+            ready &= named
         for c in columns:
             ready &= self.columns[c].owner >= 0
         return ready

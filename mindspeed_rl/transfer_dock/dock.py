@@ -30,6 +30,7 @@ Typical GRPO use (every rank runs this)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pickle
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -322,7 +323,8 @@ class TransferDock:
     # ---- public API ---------------------------------------------------------------
     def put(self, columns: Mapping[str, Sequence[torch.Tensor]], rows: Sequence[int] | None = None,
             *, token_lengths: Sequence[int] | None = None,
-            num_rows_per_group: int = 1) -> list[int]:
+            num_rows_per_group: int = 1, held: bool = False,
+            tags: Mapping[str, Sequence[int]] | None = None) -> list[int]:
         """Write cells into this rank's warehouse and publish their metadata.
 
         Every rank of the dock makes each put call, alike in kind: a put that
@@ -344,6 +346,10 @@ class TransferDock:
                 the total elements of the integer (token-id) columns.
             num_rows_per_group: new rows form consecutive groups of this size
                 (``n_samples_per_prompt``) that ``get(..., whole_groups=True)`` keeps together.
+            held: new rows are held: only a get that names them (``candidates``)
+                delivers them, until :meth:`release` (partial rollout keeps unfinished
+                responses this way).
+            tags: per new row, small integers every rank sees afterwards (:meth:`tags`).
 
         Returns:
             the global row ids written by this rank, in put order.
@@ -359,6 +365,10 @@ class TransferDock:
             rows = self._local_rows(rows, num_rows_local)
         columns = self._on_device(columns)
         record = self._put_record(columns, rows, token_lengths, num_rows_per_group)
+        if held or tags:
+            if rows is not None:
+                raise TransferDockError("held and tags are for new rows (rows=None)")
+            record = dataclasses.replace(record, held=held, tags=dict(tags or {}))
         if rows is not None and self._results_stay_put():
             # A put of results: the cells stay here and their metadata rides with
             # the next control collective, so this put needs no collective at all.
@@ -429,7 +439,8 @@ class TransferDock:
 
     def get(self, consumer: str, columns: Sequence[str], rows_per_dp_rank: int,
             dp_group: dist.ProcessGroup | ConsumerLayout | None = None, *,
-            whole_groups: bool = False) -> DockBatch | None:
+            whole_groups: bool = False, candidates: Sequence[int] | None = None
+            ) -> DockBatch | None:
         """Deliver ``rows_per_dp_rank`` ready rows to every DP rank of ``consumer``.
 
         Collective over the dock: every rank calls it with the same consumer,
@@ -447,6 +458,9 @@ class TransferDock:
                 a DP index), or an explicit :class:`ConsumerLayout`, or ``None``:
                 every dock rank is its own DP rank.
             whole_groups: keep the ``num_rows_per_group`` rows of a prompt together.
+            candidates: global ids of the only rows to deliver (held ones too), in
+                priority order; then ``rows_per_dp_rank`` is a bound, not a count (every
+                rank passes the same list).
 
         Returns:
             this rank's :class:`DockBatch`, or ``None`` if the layout leaves it out.
@@ -458,11 +472,17 @@ class TransferDock:
         """
         start = time.perf_counter()
         columns = list(columns)
+        named = None if candidates is None else np.asarray(candidates, dtype=np.int64)
         ranks_per_dp = self._consumer_ranks(consumer, columns, rows_per_dp_rank, dp_group,
-                                            whole_groups)
+                                            whole_groups, named)
         ctl = self.controller
+        if named is not None:
+            named = named - ctl.base
+            if len(named) and (named.min() < 0 or named.max() >= ctl.num_rows):
+                raise TransferDockError(f"get for consumer {consumer!r} names rows outside the "
+                                        f"dock's {ctl.base} to {ctl.next_row_id - 1}")
         rows_per_dp = ctl.plan_get(consumer, columns, rows_per_dp_rank, ranks_per_dp,
-                                   whole_groups=whole_groups)
+                                   whole_groups=whole_groups, candidates=named)
         my_dp = next((d for d, ranks in enumerate(ranks_per_dp) if self.rank in ranks), None)
         m = self.metrics
         if not any(len(rows) for rows in rows_per_dp):  # rows_per_dp_rank=0: nothing moves
@@ -493,7 +513,8 @@ class TransferDock:
 
     def _consumer_ranks(self, consumer: str, columns: list[str], rows_per_dp_rank: int,
                         dp_group: dist.ProcessGroup | ConsumerLayout | None,
-                        whole_groups: bool) -> list[list[int]]:
+                        whole_groups: bool, candidates: np.ndarray | None = None
+                        ) -> list[list[int]]:
         """Run a get's control collective; return the dock ranks of each of the
         consumer's DP ranks."""
         if isinstance(dp_group, ConsumerLayout) or dp_group is None:
@@ -502,7 +523,8 @@ class TransferDock:
             my_dp_key = tuple(dist.get_process_group_ranks(dp_group))
         args = (consumer, tuple(columns), int(rows_per_dp_rank), bool(whole_groups),
                 dp_group.ranks_per_dp_rank if isinstance(dp_group, ConsumerLayout) else None,
-                my_dp_key is None)
+                my_dp_key is None,
+                None if candidates is None else hash(tuple(candidates.tolist())))
         dp_keys, _ = self._control("get", f"get for consumer {consumer!r}", args,
                                    dp_key=my_dp_key or ())
         if isinstance(dp_group, ConsumerLayout):
@@ -556,6 +578,32 @@ class TransferDock:
         if self._pending:  # unpublished results: drop retired rows, renumber the rest
             self._pending = [_without_rows(record, cells, local, shift)
                              for record, cells in self._pending]
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Held ``rows`` (global ids) become visible to every consumer. Local, but every
+        rank must call it alike (like :meth:`retire`)."""
+        ctl = self.controller
+        local = np.asarray(rows, dtype=np.int64) - ctl.base
+        if len(local) and (local.min() < 0 or local.max() >= ctl.num_rows):
+            raise TransferDockError(f"release of rows outside the dock's {ctl.base} to "
+                                    f"{ctl.next_row_id - 1}")
+        ctl.release(local)
+
+    def rows(self, *, held: bool | None = None) -> np.ndarray:
+        """Global ids of the live rows (only the held ones, or only the others), ascending;
+        the same on every rank."""
+        ctl = self.controller
+        mask = ctl.live.copy()
+        if held is not None:
+            mask &= ctl.held if held else ~ctl.held
+        return np.flatnonzero(mask) + ctl.base
+
+    def tags(self, name: str, rows: Sequence[int]) -> np.ndarray:
+        """The tag ``name`` of ``rows`` (global ids; -1 where unset)."""
+        ctl = self.controller
+        values = ctl.tags.get(name)
+        local = np.asarray(rows, dtype=np.int64) - ctl.base
+        return values[local] if values is not None else np.full(len(local), -1, np.int64)
 
     def clear(self) -> None:
         """Retire every row (the end of an iteration); row ids continue to grow."""

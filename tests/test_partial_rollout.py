@@ -1,0 +1,159 @@
+"""Partial rollout, piece by piece: its keys, the per-token off-policy weights, the pool's
+order, and the continuation of a response by vLLM (re-prefill of prompt + partial
+response) under greedy decoding. The end-to-end runs are in test_partial_rollout_e2e.py.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from mindspeed_rl.algorithms import off_policy_is_weights, truncated_is_weights
+from mindspeed_rl.config import ConfigError, load_config
+from mindspeed_rl.models.tiny import make_tiny_hf_dir
+from mindspeed_rl.testing import run_on_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("partial")
+    data = root / "train.jsonl"
+    data.write_text('{"prompt": "What is 1+1?", "answer": "2"}\n' * 8)
+    return {"root": root, "model": str(make_tiny_hf_dir("qwen2", root / "qwen2")), "data": data}
+
+
+def _load(tiny, config="grpo_tiny_test.yaml", **extra):
+    values = {"megatron_training.model": tiny["model"], "megatron_training.data_path": tiny["data"],
+              "megatron_training.log_dir": tiny["root"] / "logs", **extra}
+    return load_config(ROOT / "configs" / config, [f"{k}={v}" for k, v in values.items()],
+                       algorithm=config.split("_")[0])
+
+
+# ---- keys --------------------------------------------------------------------------------
+@pytest.mark.parametrize("config, split, fragment", [
+    ("grpo_tiny_test.yaml", 0, "must be at least 1"),
+    ("grpo_tiny_test.yaml", 25, "exceeds generate_config.sampling_config.max_tokens=24"),
+    ("ppo_tiny_test.yaml", 2, "PPO's critic and GAE"),
+])
+def test_bad_partial_rollout_settings_name_the_key(tiny, config, split, fragment):
+    with pytest.raises(ConfigError) as e:
+        _load(tiny, config, **{"rl_config.partial_rollout_max_split": split})
+    assert "rl_config.partial_rollout_max_split" in str(e.value) and fragment in str(e.value)
+
+
+def test_mindspeed_rl_keys_load(tiny):
+    config = _load(tiny, **{"rl_config.partial_rollout_max_split": 4,
+                            "rl_config.require_max_age_all_finished": "false",
+                            "rl_config.async_engine": "true"})
+    rl = config.rl_config
+    assert (rl.partial_rollout_max_split, rl.require_max_age_all_finished,
+            rl.async_engine) == (4, False, True)
+
+
+# ---- the off-policy correction, per token ----------------------------------------------------
+def test_mixed_version_row_weights_each_token_by_its_own_policy():
+    """A response whose first 3 tokens an older policy generated (v0) and the last 2 the
+    current one (v1): the old tokens weigh min(exp(proximal - behaviour), C), the new 1."""
+    from mindspeed_rl.trainer.phases import _mark_off_policy
+
+    proximal = torch.tensor([[-1.0, -2.0, -0.5, -1.2, -0.3]])
+    behaviour = torch.tensor([[-1.5, -1.0, -3.0, -1.0, -0.9]])
+    rows = SimpleNamespace(extras={"token_versions": [torch.tensor([0, 0, 0, 1, 1])],
+                                   "birth_iteration": [torch.tensor(4)]})
+    ctx = SimpleNamespace(rl=SimpleNamespace(partial_rollout_max_split=2),
+                          it=SimpleNamespace(iteration=5))
+    _mark_off_policy(ctx, rows, proximal=1)
+    off = rows.extras["off_policy"][0][None]
+    assert off.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]]
+    w = off_policy_is_weights(proximal, behaviour, off, 2.0)
+    expected = [min(math.exp(p - b), 2.0) for p, b in zip(proximal[0, :3].tolist(),
+                                                         behaviour[0, :3].tolist())] + [1.0, 1.0]
+    assert w[0].tolist() == pytest.approx(expected)
+    assert w[0, 2] == 2.0 and w[0, 1] < 1.0  # truncated above; below 1 where v0 liked it more
+    # on-policy tokens keep the rollout-mismatch weights when rollout_is_threshold is set
+    tis = truncated_is_weights(proximal, behaviour, 1.5)
+    w = off_policy_is_weights(proximal, behaviour, off, 2.0, tis)
+    assert w[0, 3:].tolist() == pytest.approx(tis[0, 3:].tolist())
+    # an on-policy row weighs 1 everywhere
+    assert off_policy_is_weights(proximal, behaviour, torch.zeros_like(off), 2.0).eq(1).all()
+
+
+def test_a_row_older_than_the_bound_never_reaches_the_update():
+    from mindspeed_rl.trainer.phases import _mark_off_policy
+
+    rows = SimpleNamespace(extras={"token_versions": [torch.tensor([0])],
+                                   "birth_iteration": [torch.tensor(2)]})
+    ctx = SimpleNamespace(rl=SimpleNamespace(partial_rollout_max_split=2),
+                          it=SimpleNamespace(iteration=4))
+    with pytest.raises(RuntimeError, match="older than partial_rollout_max_split - 1 = 1"):
+        _mark_off_policy(ctx, rows, proximal=3)
+
+
+# ---- the pool's order ------------------------------------------------------------------------
+class _Dock:
+    """The replicated metadata a pool reads: held rows and their tags."""
+
+    def __init__(self, tags: dict[str, list[int]]) -> None:
+        self._tags = {k: np.asarray(v) for k, v in tags.items()}
+
+    def rows(self, held=None):
+        return np.arange(len(self._tags["group"])) + 100
+
+    def tags(self, name, rows):
+        return self._tags[name][np.asarray(rows) - 100]
+
+
+def test_pool_orders_groups_oldest_first_and_unstarted_last():
+    from mindspeed_rl.trainer.partial_rollout import pool_of
+
+    dock = _Dock({"group": [7, 7, 3, 3, 9, 9, 5, 5], "birth": [2, 2, -1, -1, 1, 1, 2, 2],
+                  "finished": [1, 0, 0, 0, 1, 1, 1, 1], "length": [4, 6, 0, 0, 3, 2, 5, 5]})
+    pool = pool_of(dock)
+    assert [g.tolist() for g in pool.groups] == [[104, 105], [106, 107], [100, 101], [102, 103]]
+    assert pool.birth.tolist() == [1, 2, 2, -1]
+    assert pool.finished.tolist() == [True, True, False, False]
+    assert pool.unfinished_rows.tolist() == [0, 0, 1, 2]
+    assert pool.ages(3).tolist() == [2, 1, 1, 0]
+
+
+# ---- continuing a response -------------------------------------------------------------------
+def _continuation_body(hf_dir: str) -> dict:
+    from mindspeed_rl.config.schema import SamplingConfig
+    from mindspeed_rl.rollout import RolloutEngine
+
+    engine = RolloutEngine(hf_dir, max_model_len=64, max_num_seqs=8, gpu_memory_utilization=0.02)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [40, 41, 42, 43, 44, 45], [20, 21]]
+    greedy = SamplingConfig(temperature=0.0, max_tokens=24)
+    whole = engine.generate(prompts, 1, greedy).completions
+    # the same responses in three segments of at most 8 tokens, each re-prefilled
+    pieces = [[] for _ in prompts]
+    logprobs = [[] for _ in prompts]
+    for _ in range(3):
+        todo = [i for i in range(len(prompts)) if len(pieces[i]) < 24 and
+                not (pieces[i] and pieces[i][-1] == engine.llm.get_tokenizer().eos_token_id)]
+        if not todo:
+            break
+        out = engine.generate([prompts[i] + pieces[i] for i in todo], 1, greedy,
+                              max_tokens=[min(8, 24 - len(pieces[i])) for i in todo]).completions
+        for i, group in zip(todo, out):
+            pieces[i] += group[0].token_ids
+            logprobs[i] += group[0].logprobs
+    engine.shutdown()
+    return {"whole": [g[0].token_ids for g in whole], "pieces": pieces,
+            "whole_lp": [g[0].logprobs for g in whole], "pieces_lp": logprobs}
+
+
+@pytest.mark.slow
+def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
+    r = run_on_ranks(_continuation_body, 1, tiny["model"])[0]
+    assert r["pieces"] == r["whole"]
+    assert any(len(w) > 8 for w in r["whole"])  # at least one response really continued
+    for a, b in zip(r["whole_lp"], r["pieces_lp"]):
+        assert np.allclose(a, b, atol=1e-4)

@@ -298,8 +298,8 @@ class RLConfig:
     async_engine: bool = setting(False, (
         "step-wise generation (MindSpeed-RL's async engine): with partial rollout, a rollout "
         "pass stops on every generation-DP rank together once enough whole groups are "
-        "finished and keeps the rest as partial rows; without partial rollout it generates "
-        "exactly what the batch call does"))
+        "finished and keeps the rest as partial rows; without partial rollout it changes "
+        "nothing (MindSpeed-RL's multi-turn configs set it)"))
     filter_groups_enable: bool = setting(False, (
         "DAPO dynamic sampling: drop the groups whose filter_groups_metric is equal for all "
         "their samples (no learning signal) and generate on fresh prompts until "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,14 @@ class RolloutResult:
     @property
     def num_response_tokens(self) -> int:
         return sum(len(c.token_ids) for group in self.completions for c in group)
+
+
+def _completion(output) -> Completion:
+    """A vLLM CompletionOutput as token ids and the sampled tokens' log-probs (logprobs=0
+    returns the sampled token's log-prob at each position)."""
+    ids = list(output.token_ids)
+    lps = [step[tok].logprob for step, tok in zip(output.logprobs or [], ids)]
+    return Completion(ids, lps, output.finish_reason)
 
 
 def _cpu_kv_cache_gib(fraction: float, ranks_on_node: int) -> int:
@@ -299,6 +307,7 @@ class RolloutEngine:
                 f"vLLM could not load the model in {model_dir}: {type(exc).__name__}: {exc}"
             ) from exc
         self._asleep = False
+        self._next_request = 0  # request ids of generate_stepwise
 
     @classmethod
     def from_config(cls, config, model_dir: str, *, device_type: str) -> "RolloutEngine":
@@ -329,8 +338,64 @@ class RolloutEngine:
         ``max_tokens`` / ``min_tokens`` (one per prompt) replace ``sampling``'s: a partial
         rollout continues each response (prompt + its tokens so far) with its own budget.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        params = self._params(prompts, n, sampling, seeds, max_tokens, min_tokens)
+        from mindspeed_rl.metrics.console import verbose
+
+        # vLLM's per-call bars ("Rendering prompts", "Processed prompts") only with
+        # MINDSPEED_RL_VERBOSE=1: the trainer prints one line per iteration.
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                                    params, use_tqdm=use_tqdm and verbose())
+        result = RolloutResult([[_completion(c) for c in out.outputs] for out in outputs])
+        check_finite_logprobs(result, self.dp_rank)
+        return result
+
+    def generate_stepwise(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, *,
+                          stop: Callable[[list[bool]], bool], seeds: Sequence[int] | None = None,
+                          max_tokens: Sequence[int] | None = None,
+                          min_tokens: Sequence[int] | None = None,
+                          check_every: int = 16) -> RolloutResult:
+        """One response per prompt, decoded step by step through vLLM's engine API (in
+        process, no server) until all are finished or ``stop`` says so; the unfinished ones
+        are then aborted and returned as far as they got (``finish_reason`` "abort").
+
+        ``stop(finished)`` gets each prompt's finished flag every ``check_every`` engine
+        steps (and once everything here is finished) and decides for every rank: it may run
+        a collective, so every rank calls it equally often, even one without prompts. Seeded
+        requests sample what :meth:`generate` samples.
+        """
+        from vllm.inputs import TokensPrompt
+
+        params = self._params(prompts, 1, sampling, seeds, max_tokens, min_tokens)
+        engine = self.llm.llm_engine
+        ids = [f"msrl-step-{self._next_request}-{i}" for i in range(len(prompts))]
+        self._next_request += 1
+        for rid, prompt, param in zip(ids, prompts, params):
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), param)
+        last: dict[str, object] = {}
+        while True:
+            for _ in range(check_every):
+                if not engine.has_unfinished_requests():
+                    break
+                for out in engine.step():
+                    last[out.request_id] = out
+            finished = [rid in last and last[rid].finished for rid in ids]
+            if stop(finished):
+                break
+        engine.abort_request([rid for rid, done in zip(ids, finished) if not done])
+        result = RolloutResult()
+        for rid, done in zip(ids, finished):
+            out = last.get(rid)
+            c = _completion(out.outputs[0]) if out is not None else Completion([], [])
+            result.completions.append([c if done else Completion(c.token_ids, c.logprobs,
+                                                                 "abort")])
+        check_finite_logprobs(result, self.dp_rank)
+        return result
+
+    def _params(self, prompts, n, sampling, seeds, max_tokens, min_tokens) -> list:
+        """vLLM SamplingParams per prompt, checked against the engine's context length."""
+        from vllm import SamplingParams
 
         if sampling.temperature == 0 and n > 1:
             raise RolloutConfigError(
@@ -338,37 +403,20 @@ class RolloutEngine:
                 "different responses; raise the temperature or set n to 1")
         most = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
         least = list(min_tokens) if min_tokens is not None else [sampling.min_tokens] * len(prompts)
+        for name, values in (("seeds", seeds), ("max_tokens", most), ("min_tokens", least)):
+            if values is not None and len(values) != len(prompts):
+                raise ValueError(f"{len(values)} {name} for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
             if len(p) + most[i] > self.max_model_len:
                 raise RolloutConfigError(
                     f"prompt {i} has {len(p)} tokens; with sampling_config.max_tokens="
                     f"{most[i]} it exceeds generate_config.max_model_len="
                     f"{self.max_model_len}")
-        for name, values in (("seeds", seeds), ("max_tokens", most), ("min_tokens", least)):
-            if values is not None and len(values) != len(prompts):
-                raise ValueError(f"{len(values)} {name} for {len(prompts)} prompts")
-        params = [SamplingParams(
+        return [SamplingParams(
             n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
             min_p=sampling.min_p, max_tokens=most[i], min_tokens=least[i],
             stop_token_ids=list(sampling.stop_token_ids) or None, logprobs=0, detokenize=False,
             seed=None if seeds is None else int(seeds[i])) for i in range(len(prompts))]
-        from mindspeed_rl.metrics.console import verbose
-
-        # vLLM's per-call bars ("Rendering prompts", "Processed prompts") only with
-        # MINDSPEED_RL_VERBOSE=1: the trainer prints one line per iteration.
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                    params, use_tqdm=use_tqdm and verbose())
-        result = RolloutResult()
-        for out in outputs:
-            group = []
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                # logprobs=0 returns the sampled token's log-prob at each position.
-                lps = [step[tok].logprob for step, tok in zip(c.logprobs or [], ids)]
-                group.append(Completion(ids, lps, c.finish_reason))
-            result.completions.append(group)
-        check_finite_logprobs(result, self.dp_rank)
-        return result
 
     # ---- weights ----------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -147,7 +147,7 @@ def _one_pass(ctx: PhaseContext, pool: Pool) -> tuple[float, float]:
     candidates = np.concatenate(todo)
     batch = ctx.flow.get(list(ROW_COLUMNS), -(-len(todo) // dp_g) * n, "gen",
                          whole_groups=True, candidates=candidates.tolist())
-    rows = _continue(ctx, batch) if batch is not None and len(batch) else {}
+    rows = _continue(ctx, batch, pool) if batch is not None else {}
     generated = [float(sum(len(r) for r in rows.get("new", []))),
                  float(sum(len(p) for p in rows.get("prefill", [])))]
     columns, tags = {}, {}
@@ -172,11 +172,16 @@ def _seed(ctx: PhaseContext, group_id: int, sample: int, segment: int) -> int:
     return (base * 1_000_003 + group_id * 10_007 + sample * 101 + segment * 1_000_033) % 2**31
 
 
-def _continue(ctx: PhaseContext, batch) -> dict[str, list]:
+def _continue(ctx: PhaseContext, batch, pool: Pool) -> dict[str, list]:
     """This generation-DP rank's rows after one more segment (finished rows unchanged), in
-    the batch's row order, plus ``new`` (the tokens generated) and ``prefill``."""
+    the batch's row order, plus ``new`` (the tokens generated) and ``prefill``.
+
+    A segment is at most ceil(max_tokens / N) tokens; with ``async_engine`` it runs to
+    max_tokens and ends, on every rank together, once enough groups are finished."""
     sampling, split = ctx.config.sampling_config, ctx.rl.partial_rollout_max_split
-    step = math.ceil(sampling.max_tokens / split)
+    step = sampling.max_tokens if ctx.rl.async_engine else math.ceil(sampling.max_tokens / split)
+    if not len(batch) and not ctx.rl.async_engine:
+        return {}
     out = {name: list(batch[name]) for name in ROW_COLUMNS}
     todo = [i for i, f in enumerate(batch["finish_reason"]) if int(f) == PARTIAL]
     prompts, budgets, least, seeds = [], [], [], []
@@ -187,9 +192,14 @@ def _continue(ctx: PhaseContext, batch) -> dict[str, list]:
         least.append(max(0, min(sampling.min_tokens - done, budgets[-1])))
         seeds.append(_seed(ctx, int(batch["group_id"][i]), int(batch["sample_idx"][i]),
                            int(batch["num_segments"][i])))
-    result = ctx.roles.rollout.generate(prompts, 1, sampling, seeds=seeds,
-                                        max_tokens=budgets, min_tokens=least,
-                                        use_tqdm=ctx.ranks.rank == 0) if todo else None
+    if ctx.rl.async_engine:
+        result = ctx.roles.rollout.generate_stepwise(
+            prompts, sampling, stop=_enough_groups(ctx, batch, todo, pool), seeds=seeds,
+            max_tokens=budgets, min_tokens=least)
+    else:
+        result = ctx.roles.rollout.generate(prompts, 1, sampling, seeds=seeds,
+                                            max_tokens=budgets, min_tokens=least,
+                                            use_tqdm=ctx.ranks.rank == 0) if todo else None
     version = ctx.roles.actor.weight_version
     new = []
     for k, i in enumerate(todo):
@@ -211,9 +221,36 @@ def _continue(ctx: PhaseContext, batch) -> dict[str, list]:
     return out
 
 
+def _enough_groups(ctx: PhaseContext, batch, todo: list[int], pool: Pool):
+    """The step-wise engine's stop rule (MindSpeed-RL's async engine): stop once the pool
+    holds the round's finished groups and (``require_max_age_all_finished``) no row at the
+    age bound is unfinished; agreed on by every rank (one all-reduce per check)."""
+    from mindspeed_rl.trainer.phases import global_sums
+
+    target, split = ctx.batch.prompts_per_generation_round, ctx.rl.partial_rollout_max_split
+    before = int(pool.finished.sum())
+    groups = [int(g) for g in batch["group_id"]] if len(batch) else []
+    births = [int(b) for b in batch["birth_iteration"]] if len(batch) else []
+    at_bound = [b >= 0 and ctx.it.iteration - b >= split - 1 for b in births]
+
+    def stop(finished: list[bool]) -> bool:
+        done = [int(f) != PARTIAL for f in batch["finish_reason"]] if len(batch) else []
+        for k, i in enumerate(todo):
+            done[i] = finished[k]
+        open_groups = {g for g, d in zip(groups, done) if not d}
+        counts = [float(len(set(groups) - open_groups)),
+                  float(sum(1 for d, old in zip(done, at_bound) if old and not d)),
+                  float(sum(1 for d in done if not d))]
+        new, old_open, active = global_sums(counts if ctx.ranks.is_gen_writer else [0.0] * 3)
+        waiting = ctx.rl.require_max_age_all_finished and old_open > 0
+        return active == 0 or (before + new >= target and not waiting)
+
+    return stop
+
+
 def _finish(reason: str | None, length: int, max_tokens: int) -> int:
     """A segment that ended at its budget is partial unless the response is at max_tokens."""
-    if reason == "length" and length < max_tokens:
+    if reason in ("length", "abort") and length < max_tokens:
         return PARTIAL
     return FINISH_REASONS.index(reason or "stop")
 
@@ -225,6 +262,8 @@ def _release(ctx: PhaseContext, pool: Pool, target: int, generated: dict) -> dic
     ready = [k for k in range(len(pool.groups)) if pool.finished[k]][:target]
     released = np.concatenate([pool.groups[k] for k in ready]) if ready else np.zeros(0, int)
     ctx.flow.dock.release(released.tolist())
+    ctx.flow.note(f"partial_rollout/released_round{ctx.it.generation_round}",
+                  sorted(released.tolist()))
     rest = [k for k in range(len(pool.groups)) if k not in set(ready)]
     ages = pool.ages(iteration)
     stale = [k for k in rest if ages[k] >= split - 1]
@@ -241,6 +280,7 @@ def _release(ctx: PhaseContext, pool: Pool, target: int, generated: dict) -> dic
         "partial_rollout/carried_rows": float(carried_rows),
         "partial_rollout/carried_unfinished_rows":
             float(sum(int(pool.unfinished_rows[k]) for k in carried)),
+        "partial_rollout/carried_tokens": float(sum(pool.lengths[k].sum() for k in carried)),
         "partial_rollout/carried_age_max": float(max((ages[k] for k in carried), default=0)),
         "partial_rollout/trained_age_mean": float(np.mean([ages[k] for k in ready]))
         if ready else 0.0,

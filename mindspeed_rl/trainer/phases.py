@@ -180,6 +180,9 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
         totals = total.tolist()
         truncated = [float(int(f) == FINISH_REASONS.index("length"))
                      for f in batch["finish_reason"]]
+        if any(int(f) == FINISH_REASONS.index("partial") for f in batch["finish_reason"]):
+            raise RuntimeError("reward: an unfinished (partial) response reached the reward; "
+                               "a partial rollout releases finished groups only")
         scores = torch.stack([per_verifier[v] for v in rl.verifier_function], dim=1) \
             if rl.verifier_function else torch.zeros(len(totals), 0)
         ctx.flow.put(batch, {"rewards": list(total.float().unbind()),

@@ -1,0 +1,228 @@
+"""Long-tail rollouts: the trainer's rollout and iteration with and without partial rollout.
+
+    python benchmarks/bench_long_tail.py [--splits 1 2 4] [--iterations 6] [--warmup 2] \\
+        [--model DIR] [--max-tokens 192] [--sigma 1.2] [--median 12]
+
+One run, side by side: for each ``rl_config.partial_rollout_max_split`` N in ``--splits``
+it launches ``torchrun --nproc_per_node 2`` on this script (``--worker``), which builds the
+trainer exactly as pretrain_grpo.py does (``mindspeed_rl.trainer.launch``), runs
+``--warmup`` + ``--iterations`` GRPO iterations and reports the timed ones. Every N trains
+the same number of groups per iteration (``global_batch_size``), so the comparison is at
+equal trained samples. The last stdout line is one JSON object::
+
+    {"workload": {...}, "runs": {"1": {...}, "2": {...}, "4": {...}},
+     "ratios_vs_1": {"2": {"rollout": ..., "iteration": ...}, ...}}
+
+with, per N: ``rollout_s_per_iteration`` and ``iteration_s`` (means over the timed
+iterations of ``timing/rollout`` and ``timing/all``), ``generated_tokens_per_s``
+(tokens generated / rollout seconds), ``decode_occupancy`` (mean over the decode steps of
+the fraction of a call's sequences still decoding: 1 when all responses of a call are
+equally long) and the response-length quantiles of the generated rows.
+
+The workload (say which, the issue asks): per-prompt response lengths drawn from a
+lognormal (``--median``, ``--sigma``, capped at ``--max-tokens``) and enforced with
+vLLM's ``ignore_eos``: the engine decodes every request to its drawn length, which then
+counts as the response's end (finish reason "stop"); the n samples of a prompt share
+its length. The model is the tiny random qwen2 (``mindspeed_rl.models.tiny``, made on
+the fly unless ``--model``): decode cost is per step, not per parameter, so the tail is
+what the timing shows. Data: arithmetic prompts (``make_arithmetic_problems``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout
+
+from json_report import stdout_reserved_for_json  # noqa: E402 - benchmarks/ is on sys.path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROG = "bench_long_tail.py"
+
+
+# ---- the workload: a drawn length per prompt ---------------------------------------------
+def drawn_length(prompt: tuple[int, ...], median: float, sigma: float, cap: int) -> int:
+    """The prompt's response length: lognormal(log median, sigma) from a hash of its ids."""
+    digest = hashlib.sha256(repr(prompt).encode()).digest()
+    u1, u2 = (int.from_bytes(digest[k:k + 8], "big") / 2**64 for k in (0, 8))
+    z = math.sqrt(-2 * math.log(max(u1, 1e-300))) * math.cos(2 * math.pi * u2)
+    return max(1, min(cap, round(median * math.exp(sigma * z))))
+
+
+class LongTail:
+    """Wraps the trainer's RolloutEngine: each request decodes (``ignore_eos``) up to its
+    prompt's drawn length, which then counts as its end; records the decode occupancy."""
+
+    def __init__(self, engine, prompts, median: float, sigma: float, cap: int) -> None:
+        self.engine, self.median, self.sigma, self.cap = engine, median, sigma, cap
+        self.prompts = {tuple(p) for p in prompts}
+        self.prompt_lengths = sorted({len(p) for p in self.prompts})
+        self.tokens = self.slots = 0  # generated tokens; sequences x decode steps
+        self.lengths: list[int] = []  # finished responses' lengths
+        self._generate, self._stepwise = engine.generate, engine.generate_stepwise
+        self._params = engine._params
+        engine.generate, engine.generate_stepwise = self.generate, self.generate_stepwise
+        engine._params = self.params
+
+    def _split(self, request) -> tuple[int, int]:
+        """(drawn length, tokens already generated) of a request (prompt + partial)."""
+        for k in self.prompt_lengths:
+            if tuple(request[:k]) in self.prompts:
+                return drawn_length(tuple(request[:k]), self.median, self.sigma,
+                                    self.cap), len(request) - k
+        raise ValueError("a request that starts with no dataset prompt")
+
+    def params(self, prompts, n, sampling, seeds, max_tokens, min_tokens):
+        params = self._params(prompts, n, sampling, seeds, max_tokens, min_tokens)
+        for p, request in zip(params, prompts):
+            length, done = self._split(request)
+            p.max_tokens = max(1, min(p.max_tokens, length - done))
+            p.min_tokens = min(p.min_tokens, p.max_tokens)
+            p.ignore_eos = True
+        return params
+
+    def _account(self, prompts, result):
+        for request, group in zip(prompts, result.completions):
+            length, done = self._split(request)
+            news = [len(c.token_ids) for c in group]
+            self.tokens += sum(news)
+            self.slots += len(news) * max(news, default=0)
+            for c in group:
+                if done + len(c.token_ids) >= length and c.finish_reason != "abort":
+                    c.finish_reason = "stop" if length < self.cap else "length"
+                    self.lengths.append(done + len(c.token_ids))
+        return result
+
+    def generate(self, prompts, n, sampling, **kwargs):
+        return self._account(prompts, self._generate(prompts, n, sampling, **kwargs))
+
+    def generate_stepwise(self, prompts, sampling, **kwargs):
+        return self._account(prompts, self._stepwise(prompts, sampling, **kwargs))
+
+
+# ---- one N, under torchrun ---------------------------------------------------------------
+def worker(args) -> dict | None:
+    import torch.distributed as dist
+
+    from mindspeed_rl.trainer.launch import load_job, trainer_session
+
+    config, plan = load_job(args.config, args.overrides, algorithm="grpo")
+    with trainer_session(config, plan, header=PROG) as trainer:
+        prompts = [trainer.train_data[i].prompt_ids for i in range(len(trainer.train_data))]
+        tail = LongTail(trainer.roles.rollout, prompts, args.median, args.sigma, args.max_tokens)
+        rows = []
+        for it in range(1, args.warmup + args.iterations + 1):
+            tokens_before, slots_before = tail.tokens, tail.slots
+            metrics = trainer.run_iteration(it)
+            if it > args.warmup:
+                rows.append({"rollout": metrics["timing/rollout"], "all": metrics["timing/all"],
+                             "tokens": tail.tokens - tokens_before,
+                             "slots": tail.slots - slots_before})
+        lengths = [None] * dist.get_world_size()
+        dist.all_gather_object(lengths, tail.lengths if trainer.ranks.is_gen_writer else [])
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, rows if trainer.ranks.is_gen_writer else [])
+    if int(os.environ.get("RANK", "0")):
+        return None
+    lengths = sorted(x for part in lengths for x in part)
+    tokens = [sum(r[k]["tokens"] for r in per_rank if r) for k in range(args.iterations)]
+    slots = sum(r[k]["slots"] for r in per_rank if r for k in range(args.iterations))
+    rollout = statistics.mean(r["rollout"] for r in rows)
+    return {"rollout_s_per_iteration": rollout,
+            "iteration_s": statistics.mean(r["all"] for r in rows),
+            "generated_tokens_per_s": statistics.mean(tokens) / rollout,
+            "decode_occupancy": sum(tokens) / max(slots, 1),
+            "response_length_median": statistics.median(lengths) if lengths else 0,
+            "response_length_p99": lengths[min(len(lengths) - 1, int(0.99 * len(lengths)))]
+            if lengths else 0}
+
+
+# ---- the driver ----------------------------------------------------------------------------
+def _assets(root: str, model: str | None) -> tuple[str, str]:
+    from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
+
+    train, _ = make_arithmetic_problems(400, 1, seed=0, max_operand=99, ops="+-")
+    data = os.path.join(root, "train.jsonl")
+    write_jsonl(train, data)
+    return model or str(make_tiny_hf_dir("qwen2", os.path.join(root, "qwen2"))), data
+
+
+def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[str]:
+    return [f"megatron_training.model={model}", f"megatron_training.data_path={data}",
+            f"megatron_training.log_dir={log_dir}", "actor_config.save=null",
+            "megatron_training.test_data_path=null", "megatron_training.global_batch_size=8",
+            f"megatron_training.train_iters={args.warmup + args.iterations}",
+            "megatron_training.seq_length=256", "rl_config.mini_batch_size=8",
+            "rl_config.init_kl_coef=0",
+            "generate_config.max_model_len=256", "generate_config.max_num_seqs=64",
+            f"generate_config.sampling_config.max_tokens={args.max_tokens}",
+            f"rl_config.partial_rollout_max_split={split}", *args.overrides]
+
+
+def driver(args) -> dict:
+    root = tempfile.mkdtemp(prefix="bench_long_tail_")
+    model, data = _assets(root, args.model)
+    runs = {}
+    for split in args.splits:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               os.path.abspath(__file__), "--worker", "--config", args.config,
+               "--iterations", str(args.iterations), "--warmup", str(args.warmup),
+               "--median", str(args.median), "--sigma", str(args.sigma),
+               "--max-tokens", str(args.max_tokens),
+               *_overrides(args, model, data, split, os.path.join(root, f"logs_{split}"))]
+        print(f"[{PROG}] partial_rollout_max_split={split}", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
+        if proc.returncode:
+            raise SystemExit(f"{PROG}: the run with partial_rollout_max_split={split} failed "
+                             f"(exit {proc.returncode}); its log is above")
+        runs[str(split)] = json.loads(proc.stdout.strip().splitlines()[-1])
+    base = runs.get("1")
+    ratios = {n: {"rollout": r["rollout_s_per_iteration"] / base["rollout_s_per_iteration"],
+                  "iteration": r["iteration_s"] / base["iteration_s"]}
+              for n, r in runs.items() if base and n != "1"}
+    lengths = runs[str(args.splits[0])]
+    return {"workload": {"model": args.model or "tiny qwen2 (random)",
+                         "lengths": f"lognormal(median {args.median}, sigma {args.sigma}) "
+                                    f"per prompt, capped at {args.max_tokens}, ignore_eos",
+                         "p99_over_median": lengths["response_length_p99"]
+                         / max(lengths["response_length_median"], 1),
+                         "global_batch_size": 8, "n_samples_per_prompt": 4,
+                         "timed_iterations": args.iterations, "warmup": args.warmup},
+            "runs": runs, "ratios_vs_1": ratios}
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "grpo_tiny_test.yaml"))
+    p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--iterations", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--model", default=None, help="HF model dir (default: a tiny random qwen2)")
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--median", type=float, default=12.0)
+    p.add_argument("--sigma", type=float, default=1.2)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    with stdout_reserved_for_json() as emit:
+        result = worker(args) if args.worker else driver(args)
+        if result is not None:
+            emit(result)
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns helpers that re-import __main__
+    sys.exit(main())

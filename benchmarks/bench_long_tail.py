@@ -90,11 +90,12 @@ class LongTail:
         return params
 
     def _account(self, prompts, result):
+        # one call decodes all its sequences together: max(new tokens) steps of all of them
+        news = [len(c.token_ids) for group in result.completions for c in group]
+        self.tokens += sum(news)
+        self.slots += len(news) * max(news, default=0)
         for request, group in zip(prompts, result.completions):
             length, done = self._split(request)
-            news = [len(c.token_ids) for c in group]
-            self.tokens += sum(news)
-            self.slots += len(news) * max(news, default=0)
             for c in group:
                 if done + len(c.token_ids) >= length and c.finish_reason != "abort":
                     c.finish_reason = "stop" if length < self.cap else "length"
@@ -200,6 +201,33 @@ def driver(args) -> dict:
             "runs": runs, "ratios_vs_1": ratios}
 
 
+def plot(result: dict, path: str) -> None:
+    """Bars per N: rollout and iteration seconds, decode occupancy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = list(result["runs"])
+    runs = [result["runs"][n] for n in splits]
+    fig, (ax_time, ax_occ) = plt.subplots(1, 2, figsize=(9, 3.4))
+    x = range(len(splits))
+    ax_time.bar([i - 0.2 for i in x], [r["rollout_s_per_iteration"] for r in runs], 0.4,
+                label="rollout")
+    ax_time.bar([i + 0.2 for i in x], [r["iteration_s"] for r in runs], 0.4, label="iteration")
+    ax_time.set_ylabel("seconds per iteration")
+    ax_occ.bar(list(x), [r["decode_occupancy"] for r in runs], 0.5, color="tab:green")
+    ax_occ.set_ylabel("mean decode-batch occupancy")
+    ax_occ.set_ylim(0, 1)
+    for ax in (ax_time, ax_occ):
+        ax.set_xticks(list(x), [f"N={n}" for n in splits])
+        ax.set_xlabel("partial_rollout_max_split")
+    ax_time.legend()
+    fig.suptitle(f"long-tail rollouts ({result['workload']['lengths']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "grpo_tiny_test.yaml"))
@@ -210,6 +238,7 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--median", type=float, default=12.0)
     p.add_argument("--sigma", type=float, default=1.2)
+    p.add_argument("--plot", default=None, help="also write the bars to this PNG")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", metavar="key=value")
     return p.parse_intermixed_args(argv)
@@ -219,6 +248,8 @@ def main(argv=None) -> int:
     args = _parse(argv)
     with stdout_reserved_for_json() as emit:
         result = worker(args) if args.worker else driver(args)
+        if result is not None and args.plot and not args.worker:
+            plot(result, args.plot)
         if result is not None:
             emit(result)
     return 0

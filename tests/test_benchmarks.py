@@ -28,3 +28,21 @@ def test_bench_transfer_dock_replays_the_declared_flow(algorithm):
         expected = [p for p in ALGORITHMS[algorithm] if not p.startswith("resharding")]
         assert result["phases"] == expected and result["mode"] == mode
         assert result["row_bytes_rank0_own_share"] > 0 and result["seconds_per_iteration"] > 0
+
+
+def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
+    """bench_long_tail.py's drawn lengths have p99 / median >= 8 (the issue's bar), and a
+    short run of N = 1 and N = 2 prints its JSON with both runs and their ratio."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_long_tail import drawn_length
+
+    lengths = sorted(drawn_length((i, i + 1), 12.0, 1.2, 192) for i in range(2000))
+    assert lengths[int(0.99 * len(lengths))] / lengths[len(lengths) // 2] >= 8
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_long_tail.py"),
+                           "--splits", "1", "2", "--iterations", "1", "--warmup", "0"],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["runs"]) == {"1", "2"} and set(result["ratios_vs_1"]) == {"2"}
+    for run in result["runs"].values():
+        assert run["rollout_s_per_iteration"] > 0 and 0 < run["decode_occupancy"] <= 1

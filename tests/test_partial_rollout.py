@@ -157,3 +157,28 @@ def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
     assert any(len(w) > 8 for w in r["whole"])  # at least one response really continued
     for a, b in zip(r["whole_lp"], r["pieces_lp"]):
         assert np.allclose(a, b, atol=1e-4)
+
+
+def test_the_policy_objective_weights_older_tokens_by_proximal_over_behaviour():
+    """PolicyObjective pairs the old log-probs (proximal) with the rollout log-probs
+    (behaviour), only on off-policy tokens, truncated at rollout_is_threshold or 2.0."""
+    from mindspeed_rl.config.schema import RLConfig
+    from mindspeed_rl.engine.actor import PolicyObjective
+
+    old = torch.tensor([[-1.0, -2.0, -0.5, -1.2, 0.0]])
+    rollout = torch.tensor([[-1.5, -1.0, -3.0, -1.0, 0.0]])
+    mb = SimpleNamespace(mask=torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]]),
+                         extras={"logprobs_rollout": rollout,
+                                 "off_policy": torch.tensor([[1.0, 1.0, 1.0, 0.0, 1.0]])})
+    for threshold, cap in ((None, 2.0), (3.0, 3.0)):
+        objective = PolicyObjective(RLConfig(partial_rollout_max_split=2,
+                                             rollout_is_threshold=threshold),
+                                    kl_coef=0.0, vocab_size=8, norm_length=None,
+                                    temperature=1.0)
+        weights, off = objective.is_weights(mb, old)
+        assert off.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]]  # padding is never off-policy
+        expected = [min(math.exp(o - r), cap) for o, r in zip(old[0, :3].tolist(),
+                                                             rollout[0, :3].tolist())]
+        assert weights[0, :3].tolist() == pytest.approx(expected)
+        on_policy = 1.0 if threshold is None else min(math.exp(-1.2 + 1.0), threshold)
+        assert weights[0, 3].item() == pytest.approx(on_policy)

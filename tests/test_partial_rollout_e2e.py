@@ -47,6 +47,11 @@ def _traces(assets, run) -> list[list[dict]]:
     return [list(per_rank) for per_rank in zip(*ranks)]
 
 
+def _updated(per_rank: list[dict]) -> list[int]:
+    """Every row id the update received in the iteration, over all ranks (with repeats)."""
+    return sorted(r for t in per_rank for k, v in t.items() if k.startswith("update") for r in v)
+
+
 def test_carried_rows_train_once_whole_and_young_and_resume_exactly(assets):
     ckpt = assets["root"] / "ckpt"
     _, rows = _grpo(assets, "full", *PARTIAL, "megatron_training.train_iters=4")
@@ -57,8 +62,7 @@ def test_carried_rows_train_once_whole_and_young_and_resume_exactly(assets):
         released = per_rank[0]["partial_rollout/released_round0"]
         assert all(t["partial_rollout/released_round0"] == released for t in per_rank)
         assert len(released) == 4 * 4  # global_batch_size whole groups of n = 4
-        updated = sorted(r for t in per_rank for k, v in t.items() if k.startswith("update")
-                         for r in v)
+        updated = _updated(per_rank)
         assert updated == released, it  # exactly the released (finished) rows, once each
         trained += updated
         assert train[it]["partial_rollout/trained_age_max"] <= 3  # N - 1
@@ -93,8 +97,7 @@ def test_dapo_rounds_draw_on_the_partial_rollout_pool(assets):
     train = training_rows(rows)
     for it, per_rank in enumerate(_traces(assets, "dapo"), start=1):
         kept = per_rank[0]["dynamic_sampling/kept"]
-        updated = sorted(r for t in per_rank for k, v in t.items() if k.startswith("update")
-                         for r in v)
+        updated = _updated(per_rank)
         assert updated == kept and len(kept) == 4 * 4
         released = {r for k, v in per_rank[0].items() if k.startswith("partial_rollout/released")
                     for r in v}
@@ -117,8 +120,7 @@ def test_step_wise_engine_stops_once_enough_groups_are_finished(assets):
     train = training_rows(rows)
     for it, per_rank in enumerate(_traces(assets, "stepwise"), start=1):
         released = per_rank[0]["partial_rollout/released_round0"]
-        updated = sorted(r for t in per_rank for k, v in t.items() if k.startswith("update")
-                         for r in v)
+        updated = _updated(per_rank)
         assert updated == released and len(released) == 4 * 4
         assert train[it]["partial_rollout/passes"] <= 1  # no budget: one pass is enough
         assert train[it]["partial_rollout/trained_age_max"] <= 3

@@ -120,16 +120,8 @@ class PolicyObjective:
         # Each term is this micro-batch's sum over its units; megatron divides by all units.
         agg = dict(loss_agg_mode=self.mode, num_tokens_global=1.0, num_seqs_global=1.0,
                    norm_length=self.norm_length, segment_ids=segment_ids(mb))
-        is_weights = None
-        if rl.rollout_is_threshold is not None:
-            is_weights = truncated_is_weights(logp_old, mb.extras["logprobs_rollout"],
-                                              rl.rollout_is_threshold)
-        off = torch.zeros_like(mask)
-        if "off_policy" in mb.extras:  # a partial rollout's tokens of older policies
-            off = mb.extras["off_policy"] * mask
-            is_weights = off_policy_is_weights(
-                logp_old, mb.extras["logprobs_rollout"], off,
-                rl.rollout_is_threshold or OFF_POLICY_IS_THRESHOLD, is_weights)
+        is_weights, off = self.is_weights(mb, logp_old)
+        if off.any():
             self.max_is_weight = torch.maximum(self.max_is_weight,
                                                (is_weights * off).max().detach())
         pg_sum, stats = policy_loss(logp, logp_old, mb.extras["advantages"], mask, self.low,
@@ -165,6 +157,26 @@ class PolicyObjective:
                            ("units", units)):
             self.sums[key] = self.sums.get(key, 0.0) + float(value.detach())
         return loss, units.to(torch.int), {"loss": loss.detach().clone()}
+
+    def is_weights(self, mb: MicroBatch, logp_old: torch.Tensor
+                   ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(per-token importance weights of ``mb``, or None; its off-policy token mask).
+
+        The rollout engine's samples against the old log-probs (``rollout_is_threshold``),
+        and a partial rollout's tokens of older weights (``off_policy``): proximal (the
+        old log-probs) over behaviour (the rollout log-probs), truncated."""
+        rl, mask = self.rl, mb.mask
+        weights = None
+        if rl.rollout_is_threshold is not None:
+            weights = truncated_is_weights(logp_old, mb.extras["logprobs_rollout"],
+                                           rl.rollout_is_threshold)
+        off = torch.zeros_like(mask)
+        if "off_policy" in mb.extras:
+            off = mb.extras["off_policy"] * mask
+            weights = off_policy_is_weights(logp_old, mb.extras["logprobs_rollout"], off,
+                                            rl.rollout_is_threshold or OFF_POLICY_IS_THRESHOLD,
+                                            weights)
+        return weights, off
 
     def reduced(self) -> dict[str, float]:
         """The step's statistics over every DP rank: the loss terms per unit of the

@@ -104,6 +104,11 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
         else:
             out.notices.append(f"{stage[0]}={show_value(stage[1])}: the launcher "
                                f"{_LAUNCHER[algorithm]} runs it")
+        if stage[1] == "ray_dapo" and out.sections["rl_config"].get("share_backbone"):
+            problems.append(ConfigError("rl_config.share_backbone", "DAPO has no reference "
+                                        f"model to share the backbone with ({stage[0]}="
+                                        f"{show_value(stage[1])}), as MindSpeed-RL refuses",
+                                        "set share_backbone: false", value=True))
     _translate(out, problems, translated)
     if problems:
         raise ConfigErrors(problems, file_name)
@@ -327,6 +332,18 @@ def _translate(out: Normalised, problems: list, translated: dict) -> None:
         problems.append(ConfigError("megatron_training.model", f"is not one of the defaults "
                                     f"models {out.defaults_models}", "name one of them",
                                     value=model))
+
+    lora_filter = translated.pop("lora_filter", None)
+    if lora_filter is not None:
+        dotted, value = lora_filter
+        if actor.get("lora_ckpt_filter", value) != value:
+            problems.append(ConfigError(dotted, f"contradicts actor_config.lora_ckpt_filter="
+                                        f"{show_value(actor['lora_ckpt_filter'])}",
+                                        "keep one of them", value=value))
+        else:
+            actor["lora_ckpt_filter"] = value
+            out.notices.append(f"{dotted}={show_value(value)}: translated to "
+                               "actor_config.lora_ckpt_filter")
 
     extend = translated.pop("moe_tp_extend_ep", None)
     if extend is not None:

@@ -8,7 +8,8 @@ PP=2) the same tiny SmolLM2-like model (tied embeddings) gets adapters on all fo
 - after two Adam steps only adapter parameters changed, and the adapters' gradients at the
   second step (A's are 0 at the first, since B = 0) and the logits agree across layouts, so
   the A/B split, its collectives and the sequence-parallel grad reduction are exact;
-- ``adapters_disabled`` gives the base model back, and the merged shards
+- the shared-backbone reference (adapters off) is the separately loaded base model exactly,
+  and the merged shards
   ``W + (alpha/r) B A`` in a plain model give the adapted logits.
 """
 
@@ -88,7 +89,7 @@ def _layout_worker(hf_dir, tp, pp, sp, distopt):
     from mindspeed_rl.engine.optim import TrainableModel
     from mindspeed_rl.models.builder import describe_hf_dir, global_parameter_names, load_hf_weights
     from mindspeed_rl.models.hf_io import HFCheckpointReader
-    from mindspeed_rl.models.lora import adapters_disabled, add_lora_adapters
+    from mindspeed_rl.models.lora import add_lora_adapters
     from mindspeed_rl.models.parity import megatron_logits, random_tokens
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
@@ -126,8 +127,12 @@ def _layout_worker(hf_dir, tp, pp, sp, distopt):
         full_grads = {names[k]: _full(model, arch, k, g) for k, g in grads.items()}
         changed = sorted(k for k, p in model.named_parameters() if not torch.equal(p, before[k]))
         after = megatron_logits(model, tokens)
-        with adapters_disabled(model):
+        # rl_config.share_backbone: the reference is this model with its adapters off.
+        from mindspeed_rl.trainer.roles import SharedBackbone
+
+        with SharedBackbone(model).resident():
             disabled = megatron_logits(model, tokens)
+        again = megatron_logits(model, tokens)
         # A plain model whose weights are W + (alpha / r) B A, by the formula (per shard).
         merged_model = build()
         with torch.no_grad():
@@ -145,6 +150,7 @@ def _layout_worker(hf_dir, tp, pp, sp, distopt):
             "no_buffer": no_buffer, "changed": changed,
             "step0_equal": torch.equal(step0, base) if last else None,
             "disabled_equal": torch.equal(disabled, base) if last else None,
+            "enabled_again": torch.equal(again, after) if last else None,
             "moved": (after - base).abs().max().item() if last else None,
             "after": after, "merged_diff": (merged - after).abs().max().item() if last else None,
             # (the distributed optimizer reduces each rank's shard of the grads only)
@@ -173,7 +179,7 @@ def test_step0_is_the_base_model_and_only_adapters_train(results, layout):
         assert r["changed"] and all(".lora_" in k for k in r["changed"]), r["changed"]
         assert any(k.endswith("lora_A.weight") for k in r["changed"])
         if r["step0_equal"] is not None:
-            assert r["step0_equal"] and r["disabled_equal"]
+            assert r["step0_equal"] and r["disabled_equal"] and r["enabled_again"]
             assert r["merged_diff"] <= 1e-5
             assert r["moved"] > 1e-3
 

@@ -185,6 +185,17 @@ def has_adapters(model) -> bool:
     return any(isinstance(m, _LoraMixin) for m in model.modules())
 
 
+def lora_settings(model) -> dict | None:
+    """``{"r", "alpha", "target_modules"}`` of the model's adapters (None without any)."""
+    modules = list(adapted_modules(model).items())
+    if not modules:
+        return None
+    m = modules[0][1]
+    targets = sorted({name.rsplit(".", 1)[-1] for name, _ in modules},
+                     key=TARGET_MODULES.index)
+    return {"r": m.lora_r, "alpha": m.lora_scaling * m.lora_r, "target_modules": targets}
+
+
 @contextlib.contextmanager
 def adapters_disabled(model) -> Iterator[None]:
     """The backbone alone (the shared-backbone reference): adapters skipped inside."""

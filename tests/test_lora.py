@@ -198,3 +198,34 @@ def test_layouts_agree_on_gradients_and_logits(results):
             scale = ref["grads"][k].abs().max().item()
             assert scale > 0, k
             assert (g - ref["grads"][k]).abs().max().item() <= 1e-4 * scale, (layout, k)
+
+
+def _base_checkpoint_worker(hf_dir, mg_dir):
+    """actor_config.load = a converted base checkpoint: the backbone loads, adapters stay fresh."""
+    from mindspeed_rl.checkpoint.convert import convert, whole_model_parallel_state
+    from mindspeed_rl.checkpoint.weight_source import classify, load_weights
+    from mindspeed_rl.engine.actor import build_policy_model
+    from mindspeed_rl.models.builder import describe_hf_dir, load_hf_weights
+    from mindspeed_rl.models.hf_io import HFCheckpointReader
+    from mindspeed_rl.models.lora import add_lora_adapters
+
+    convert("hf", "mg", hf_dir, mg_dir)
+    with whole_model_parallel_state():
+        arch = describe_hf_dir(hf_dir)
+        model = build_policy_model(arch, params_dtype=torch.float32, sequence_parallel=False)
+        add_lora_adapters(model, ALL, R, ALPHA, seed=11)
+        adapters = {k: p.detach().clone() for k, p in model.named_parameters() if ".lora_" in k}
+        load_weights(model, arch, classify(mg_dir, "actor_config.load"))
+        direct = build_policy_model(arch, params_dtype=torch.float32, sequence_parallel=False)
+        load_hf_weights(direct, arch, HFCheckpointReader(hf_dir))
+        backbone_ok = all(torch.equal(p, model.get_parameter(k))
+                          for k, p in direct.named_parameters())
+        adapters_ok = all(torch.equal(p, adapters[k]) for k, p in model.named_parameters()
+                          if ".lora_" in k)
+        return backbone_ok, adapters_ok
+
+
+def test_lora_starts_from_a_converted_base_checkpoint(tmp_path):
+    hf = make_tiny_hf_dir("qwen2", tmp_path / "qwen2", seed=4)
+    assert run_on_ranks(_base_checkpoint_worker, 1, str(hf), str(tmp_path / "mg"),
+                        timeout=600) == [(True, True)]

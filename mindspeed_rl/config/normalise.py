@@ -321,8 +321,26 @@ def _translate_dapo(out: Normalised, problems: list, translated: dict) -> None:
                            f"rl_config.gen_batch_size={show_value(gbs)} (prompts per round)")
 
 
+def _translate_lora_filter(out: Normalised, problems: list, translated: dict) -> None:
+    """MindSpeed-RL's guide writes lora_filter; its configs and code read lora_ckpt_filter."""
+    lora_filter = translated.pop("lora_filter", None)
+    if lora_filter is None:
+        return
+    actor = out.sections["actor_config"]
+    dotted, value = lora_filter
+    if actor.get("lora_ckpt_filter", value) != value:
+        problems.append(ConfigError(dotted, f"contradicts actor_config.lora_ckpt_filter="
+                                    f"{show_value(actor['lora_ckpt_filter'])}",
+                                    "keep one of them", value=value))
+    else:
+        actor["lora_ckpt_filter"] = value
+        out.notices.append(f"{dotted}={show_value(value)}: translated to "
+                           "actor_config.lora_ckpt_filter")
+
+
 def _translate(out: Normalised, problems: list, translated: dict) -> None:
     _translate_dapo(out, problems, translated)
+    _translate_lora_filter(out, problems, translated)
     mt, actor = out.sections["megatron_training"], out.sections["actor_config"]
     if "model" not in mt and len(out.defaults_models) == 1:
         mt["model"] = out.defaults_models[0]
@@ -332,18 +350,6 @@ def _translate(out: Normalised, problems: list, translated: dict) -> None:
         problems.append(ConfigError("megatron_training.model", f"is not one of the defaults "
                                     f"models {out.defaults_models}", "name one of them",
                                     value=model))
-
-    lora_filter = translated.pop("lora_filter", None)
-    if lora_filter is not None:
-        dotted, value = lora_filter
-        if actor.get("lora_ckpt_filter", value) != value:
-            problems.append(ConfigError(dotted, f"contradicts actor_config.lora_ckpt_filter="
-                                        f"{show_value(actor['lora_ckpt_filter'])}",
-                                        "keep one of them", value=value))
-        else:
-            actor["lora_ckpt_filter"] = value
-            out.notices.append(f"{dotted}={show_value(value)}: translated to "
-                               "actor_config.lora_ckpt_filter")
 
     extend = translated.pop("moe_tp_extend_ep", None)
     if extend is not None:

@@ -27,6 +27,10 @@ examples:
   # at any TP/PP/EP) -> HF; the architecture and tokenizer come from the model's HF directory
   python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
       --load-dir ./qwen25-7b-tp2-pp2 --hf-config-dir ./Qwen2.5-7B --save-dir ./qwen25-7b-hf
+  # a LoRA run (actor_config.lora_target_modules) -> the merged HF model, and its adapters
+  # in PEFT's format (an adapter-only checkpoint is merged onto the base model it recorded)
+  python tools/convert_ckpt.py --load-model-type mg --save-model-type hf \\
+      --load-dir ./ckpt/grpo-lora --save-dir ./lora-merged-hf --lora-adapter-dir ./lora-peft
   # GGUF (dequantised through transformers) -> HF or megatron
   python tools/convert_ckpt.py --load-model-type gguf --save-model-type mg \\
       --load-dir "$(python -c 'from mindspeed_rl.checkpoint.gguf import smollm2_gguf_path as p; print(p().parent)')" \\
@@ -56,6 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="mg -> hf from a Megatron-LM / MindSpeed-LLM checkpoint: the model's HF "
                         "directory (config.json + tokenizer files); legacy files are read with "
                         "torch.load(weights_only=True)")
+    p.add_argument("--lora-adapter-dir", default=None,
+                   help="mg -> hf of a LoRA checkpoint: also write its adapters here in PEFT's "
+                        "format (adapter_config.json + adapter_model.safetensors, loaded with "
+                        "peft.PeftModel.from_pretrained onto the base model); --save-dir gets "
+                        "the merged model either way")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="read a megatron torch_dist checkpoint's pickled parts (.metadata, "
@@ -77,7 +86,8 @@ def main(argv=None) -> int:
     try:
         out = convert(args.load_model_type, args.save_model_type, args.load_dir, args.save_dir,
                       overwrite=args.overwrite, gguf_file=args.gguf_file, dtype=args.save_dtype,
-                      show_progress=not args.no_progress, hf_config_dir=args.hf_config_dir)
+                      show_progress=not args.no_progress, hf_config_dir=args.hf_config_dir,
+                      lora_adapter_dir=args.lora_adapter_dir)
     except (CheckpointError, UnsupportedArchitectureError, UnsupportedConfigError, ValueError) as exc:
         print(f"convert_ckpt: error: {exc}", file=sys.stderr)
         return 1

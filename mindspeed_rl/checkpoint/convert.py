@@ -18,6 +18,7 @@ from typing import Iterator
 import torch
 
 from mindspeed_rl.checkpoint.gguf import find_gguf_file, gguf_to_hf_dir
+from mindspeed_rl.checkpoint.lora_export import has_adapters
 from mindspeed_rl.checkpoint.megatron_dir import (
     checkpoint_tensor_keys, load_megatron_checkpoint, read_meta, save_megatron_checkpoint, write_meta,
 )
@@ -97,7 +98,8 @@ def convert_hf_to_mg(hf_dir, save_dir, *, overwrite: bool = False, show_progress
 
 
 def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = "auto",
-                     show_progress: bool = False, hf_config_dir=None) -> Path:
+                     show_progress: bool = False, hf_config_dir=None,
+                     lora_adapter_dir=None) -> Path:
     """Megatron checkpoint directory -> HF directory (config, tokenizer files, safetensors).
 
     The checkpoint is one written here (converted or trained; it carries config.json), or
@@ -107,7 +109,9 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
     config.json names (float32 if none). A checkpoint with a scalar head
     (``value_head.weight``) is written as ``*ForSequenceClassification`` (``score.weight``);
     an LM config.json (a critic started from a CausalLM) is rewritten for that class
-    (`as_sequence_classification`).
+    (`as_sequence_classification`). A LoRA checkpoint is written merged (W + alpha/r B A;
+    an adapter-only one on the base model it recorded), and with ``lora_adapter_dir`` its
+    adapters also in PEFT's format (`mindspeed_rl.checkpoint.lora_export`).
     """
     from mindspeed_rl.checkpoint.weight_source import classify, load_weights
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, hf_tensors_from_model
@@ -133,8 +137,14 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
                 f"{meta['architecture']}"
             )
     source = classify(mg_dir, "--load-dir")
-    scalar_head = source.kind == "megatron_dist" and VALUE_HEAD in checkpoint_tensor_keys(
-        mg_dir, source.iteration)
+    keys = (checkpoint_tensor_keys(mg_dir, source.iteration)
+            if source.kind == "megatron_dist" else set())
+    scalar_head = VALUE_HEAD in keys
+    lora = has_adapters(keys)
+    if lora_adapter_dir is not None:
+        if not lora:
+            raise CheckpointError(f"--lora-adapter-dir: {mg_dir} holds no LoRA adapters")
+        check_output_dir(lora_adapter_dir, overwrite)
     if dtype == "auto":
         out_dtype = getattr(arch.hf_config, "dtype", None) or getattr(arch.hf_config, "torch_dtype", None)
         out_dtype = _DTYPES.get(str(out_dtype).replace("torch.", ""), torch.float32)
@@ -148,7 +158,10 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
                 model = build_value_model(arch, config)
             else:
                 model = build_gpt_model(arch, config)
-            load_weights(model, arch, source)
+            if lora:
+                _load_merged_lora(model, arch, source, lora_adapter_dir)
+            else:
+                load_weights(model, arch, source)
             tensors = hf_tensors_from_model(model, arch, dtype=out_dtype)
             if show_progress:
                 total = len(arch.weight_map.all_hf_names())
@@ -160,6 +173,20 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
         if scalar_head and not is_sequence_classification(arch.hf_config):
             as_sequence_classification(out / "config.json")
     return Path(save_dir)
+
+
+def _load_merged_lora(model, arch, source, adapter_dir) -> None:
+    """Rebuild the LoRA model of ``source``, write its PEFT adapter if asked, then merge."""
+    from mindspeed_rl.checkpoint.lora_export import load_lora_model, write_peft_adapter
+    from mindspeed_rl.models.lora import merge_adapters
+
+    lora = load_lora_model(model, arch, source)
+    if adapter_dir is not None:
+        base = lora.get("base") or {}
+        with staged_output_dir(adapter_dir, True) as out:
+            write_peft_adapter(model, arch, out, lora,
+                               base.get("path") if base.get("kind") == "hf" else None)
+    merge_adapters(model)
 
 
 def as_sequence_classification(config_path: Path) -> None:
@@ -194,14 +221,15 @@ def convert_gguf(load_dir, save_dir, save_model_type: str, *, gguf_file: str | N
 
 def convert(load_model_type: str, save_model_type: str, load_dir, save_dir, *,
             overwrite: bool = False, gguf_file: str | None = None, dtype: str = "auto",
-            show_progress: bool = False, hf_config_dir=None) -> Path:
+            show_progress: bool = False, hf_config_dir=None, lora_adapter_dir=None) -> Path:
     """Dispatch on (load type, save type); see tools/convert_ckpt.py."""
     pair = (load_model_type, save_model_type)
     if pair == ("hf", "mg"):
         return convert_hf_to_mg(load_dir, save_dir, overwrite=overwrite, show_progress=show_progress)
     if pair == ("mg", "hf"):
         return convert_mg_to_hf(load_dir, save_dir, overwrite=overwrite, dtype=dtype,
-                                show_progress=show_progress, hf_config_dir=hf_config_dir)
+                                show_progress=show_progress, hf_config_dir=hf_config_dir,
+                                lora_adapter_dir=lora_adapter_dir)
     if load_model_type == "gguf" and save_model_type in ("hf", "mg"):
         return convert_gguf(load_dir, save_dir, save_model_type, gguf_file=gguf_file,
                             overwrite=overwrite, show_progress=show_progress)

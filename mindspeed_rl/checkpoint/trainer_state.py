@@ -41,6 +41,7 @@ from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
 from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault.collective import collective_failure_kind
 from mindspeed_rl.fault.phases import injection_point
+from mindspeed_rl.models.lora import is_adapter_name
 
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -99,6 +100,10 @@ def _state_dict(trainables: dict, common: dict, *, loading: bool, with_optimizer
     state = {"common": common}
     for name, role in trainables.items():
         model_sd = role.model.sharded_state_dict()
+        if getattr(role, "checkpoint_adapters_only", False):
+            # actor_config.lora_ckpt_filter: the adapters only; the backbone is the base
+            # model recorded in common["initial_weights"].
+            model_sd = {k: v for k, v in model_sd.items() if is_adapter_name(k)}
         part = {"model": model_sd}
         if name in with_optimizer:
             part["optimizer"] = role.optimizer.sharded_state_dict(
@@ -142,6 +147,12 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
     common = dict(common, iteration=iteration, optimizers_saved=sorted(stepped),
                   schedulers={name: t.scheduler.state_dict() for name, t in trainables.items()},
                   optimizer_layout=_optimizer_layout(trainables["actor"]))
+    from mindspeed_rl.models.lora import lora_settings
+
+    lora = lora_settings(trainables["actor"].model)
+    if lora is not None:   # what tools/convert_ckpt.py needs to rebuild the adapters
+        common["lora"] = dict(lora, adapters_only=bool(
+            getattr(trainables["actor"], "checkpoint_adapters_only", False)))
     error = None
     try:
         tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
@@ -320,6 +331,19 @@ def _check_optimizer_layout(path: Path, saved: dict | None, actor) -> None:
                 "optimizer")
 
 
+def _load_model_part(role, model_state: dict) -> None:
+    """The model's saved tensors back in place: all of them, or (adapter-only checkpoints)
+    every adapter, the backbone having been loaded from the recorded base model."""
+    if not getattr(role, "checkpoint_adapters_only", False):
+        role.model.load_state_dict(model_state, strict=True)
+        return
+    result = role.model.load_state_dict(model_state, strict=False)
+    missing = [k for k in result.missing_keys if is_adapter_name(k)]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"adapter-only checkpoint: missing adapters {missing[:3]}, "
+                           f"unexpected keys {result.unexpected_keys[:3]}")
+
+
 def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
                             load_optimizer: bool = True, load_rng: bool = True
                             ) -> tuple[dict, object | None]:
@@ -352,7 +376,7 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
             schedulers = common.get("schedulers") or {"actor": common.get("scheduler")}
             for name, role in trainables.items():
                 part = state if name == "actor" else state[name]
-                role.model.load_state_dict(part["model"], strict=True)
+                _load_model_part(role, part["model"])
                 if name in optimizers:
                     role.optimizer.load_state_dict(part["optimizer"])
                 if load_optimizer:

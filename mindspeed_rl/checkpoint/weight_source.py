@@ -161,7 +161,12 @@ def load_weights(model, arch, source: WeightSource) -> None:
     elif source.kind == DIST:
         from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
 
-        load_megatron_checkpoint(model, source.path, iteration=source.iteration)
+        from mindspeed_rl.models.lora import is_adapter_name
+
+        # LoRA adapters start fresh (B = 0) on top of a base model's checkpoint.
+        adapters = [k for k in model.state_dict() if is_adapter_name(k)]
+        load_megatron_checkpoint(model, source.path, iteration=source.iteration,
+                                 exclude=adapters)
     else:
         from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
 

@@ -32,6 +32,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_roles(config)
     _check_lengths(config)
     _check_training_features(config)
+    _check_lora(config)
     _check_generation_features(config)
     _check_partial_rollout(config)
     _check_verifiers(config)
@@ -388,6 +389,55 @@ def _check_training_features(config: RLJobConfig) -> None:
                  method if method is not None else n,
                  "recompute_granularity selective recomputes core attention of every layer",
                  "remove recompute_method and recompute_num_layers")
+
+
+# megatron-core's names of the linears LoRA adapts (MindSpeed-RL's lora_target_modules)
+LORA_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+_HF_LINEARS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv",
+               "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1",
+               "down_proj": "linear_fc2"}
+
+
+def _check_lora(config: RLJobConfig) -> None:
+    """LoRA and the shared backbone: MindSpeed-RL's keys, refused before any process group."""
+    a, rl, m = config.actor_config, config.rl_config, config.model
+    targets = a.lora_target_modules
+    _require(isinstance(a.lora_r, int) and a.lora_r > 0, "actor_config.lora_r", a.lora_r,
+             "the LoRA rank must be a positive integer", "use e.g. 8, 16 or 64")
+    _require(a.lora_alpha > 0, "actor_config.lora_alpha", a.lora_alpha,
+             "must be greater than 0 (adapters add lora_alpha / lora_r * B A)",
+             "use e.g. lora_r or 2 x lora_r")
+    for name in targets:
+        hf = _HF_LINEARS.get(name)
+        _require(name in LORA_TARGET_MODULES, "actor_config.lora_target_modules", list(targets),
+                 f"{name!r} is not a linear of the model ({m.model_type})",
+                 (f"use megatron's name {hf!r}" if hf else "choose from "
+                  f"{list(LORA_TARGET_MODULES)}"))
+        _require(not (m.is_moe and name in ("linear_fc1", "linear_fc2")),
+                 "actor_config.lora_target_modules", list(targets),
+                 f"the model ({m.model_type}) has no dense {name}: its MLPs are experts, "
+                 "which LoRA does not adapt here", "keep linear_qkv and linear_proj")
+    _require(len(set(targets)) == len(targets), "actor_config.lora_target_modules",
+             list(targets), "names a module twice", "list each module once")
+    _require(not a.lora_ckpt_filter or targets, "actor_config.lora_ckpt_filter", True,
+             "saves only the LoRA adapters, but actor_config.lora_target_modules is empty "
+             "(full fine-tuning has no adapters)", "set lora_target_modules, or "
+             "lora_ckpt_filter: false")
+    if not rl.share_backbone:
+        return
+    _require(bool(targets), "rl_config.share_backbone", True,
+             "the shared backbone is the actor with its LoRA adapters switched off, but "
+             "actor_config.lora_target_modules is empty", "set lora_target_modules, or "
+             "share_backbone: false")
+    _require(rl.init_kl_coef > 0, "rl_config.share_backbone", True,
+             "this run has no reference model to share the backbone with (rl_config."
+             f"init_kl_coef={rl.init_kl_coef}" + ("; DAPO trains without a KL term"
+                                                  if rl.filter_groups_enable else "") + ")",
+             "set share_backbone: false, or a KL term (init_kl_coef > 0)")
+    _require(config.ref_config.load is None, "rl_config.share_backbone", True,
+             f"the reference is the actor's own backbone, but ref_config.load="
+             f"{config.ref_config.load} names other weights", "remove ref_config.load, or "
+             "share_backbone: false")
 
 
 def _check_generation_features(config: RLJobConfig) -> None:

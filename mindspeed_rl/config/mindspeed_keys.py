@@ -173,10 +173,12 @@ ROWS: list[KeyRow] = [
     *_na(MEGATRON, "num_layers_per_virtual_pipeline_stage", "virtual pipeline stages are not "
          "implemented here", _off, "null"),
     *_na(MEGATRON, "ai_framework", "PyTorch only", _off, "null"),
-    *_na(MEGATRON, "lora_target_modules mm_model pretrained_checkpoint", "LoRA, multimodal "
-         "models and pretrained_checkpoint are not implemented here", _off, "null"),
-    *_na(MEGATRON, "lora_r lora_alpha lora_fusion lora_ckpt_filter", "LoRA settings (no "
-         "lora_target_modules)"),
+    *_na(MEGATRON, "mm_model pretrained_checkpoint", "multimodal models and "
+         "pretrained_checkpoint are not implemented here", _off, "null"),
+    *_same(MEGATRON, "lora_target_modules lora_r lora_alpha lora_fusion lora_ckpt_filter",
+           "actor_config"),
+    KeyRow(MEGATRON, "lora_filter", TRANSLATED, "-> actor_config.lora_ckpt_filter (the name "
+           "MindSpeed-RL's LoRA guide uses)"),
     *_na(MEGATRON, "dpo_loss_type ref_model refer_model_iter", "DPO settings; not used by "
          "GRPO"),
     *_na(MEGATRON, "log_interval log_throughput eval_interval eval_iters "
@@ -262,9 +264,9 @@ ROWS: list[KeyRow] = [
     *_same(RL, "partial_rollout_max_split require_max_age_all_finished async_engine",
            "rl_config"),
     *_na(RL, "multi_turn_enable is_multimodal reuse_image_embeds colocate_actor_and_vit "
-         "share_backbone tp_split_expert", "multi-turn tool use, multimodal models, LoRA "
-         "backbone sharing and expert splitting in resharding are not implemented here",
-         _off, "false"),
+         "tp_split_expert", "multi-turn tool use, multimodal models and expert splitting in "
+         "resharding are not implemented here", _off, "false"),
+    *_same(RL, "share_backbone", "rl_config"),
     *_na(RL, "tool_config_path max_tool_calls max_parallel_calls max_total_response_length "
          "max_tool_response_length tool_response_truncate_side tool_parser_format "
          "vit_forward_micro_batch_size actor_image_embeds_dispatch_size",

@@ -104,6 +104,11 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
         else:
             out.notices.append(f"{stage[0]}={show_value(stage[1])}: the launcher "
                                f"{_LAUNCHER[algorithm]} runs it")
+        if stage[1] == "ray_dapo" and out.sections["rl_config"].get("share_backbone"):
+            problems.append(ConfigError("rl_config.share_backbone", "DAPO has no reference "
+                                        f"model to share the backbone with ({stage[0]}="
+                                        f"{show_value(stage[1])}), as MindSpeed-RL refuses",
+                                        "set share_backbone: false", value=True))
     _translate(out, problems, translated)
     if problems:
         raise ConfigErrors(problems, file_name)
@@ -316,8 +321,26 @@ def _translate_dapo(out: Normalised, problems: list, translated: dict) -> None:
                            f"rl_config.gen_batch_size={show_value(gbs)} (prompts per round)")
 
 
+def _translate_lora_filter(out: Normalised, problems: list, translated: dict) -> None:
+    """MindSpeed-RL's guide writes lora_filter; its configs and code read lora_ckpt_filter."""
+    lora_filter = translated.pop("lora_filter", None)
+    if lora_filter is None:
+        return
+    actor = out.sections["actor_config"]
+    dotted, value = lora_filter
+    if actor.get("lora_ckpt_filter", value) != value:
+        problems.append(ConfigError(dotted, f"contradicts actor_config.lora_ckpt_filter="
+                                    f"{show_value(actor['lora_ckpt_filter'])}",
+                                    "keep one of them", value=value))
+    else:
+        actor["lora_ckpt_filter"] = value
+        out.notices.append(f"{dotted}={show_value(value)}: translated to "
+                           "actor_config.lora_ckpt_filter")
+
+
 def _translate(out: Normalised, problems: list, translated: dict) -> None:
     _translate_dapo(out, problems, translated)
+    _translate_lora_filter(out, problems, translated)
     mt, actor = out.sections["megatron_training"], out.sections["actor_config"]
     if "model" not in mt and len(out.defaults_models) == 1:
         mt["model"] = out.defaults_models[0]

@@ -284,6 +284,8 @@ class Plan:
         p = self.parameters
         lines += ["parameters per rank (heaviest pipeline stage)",
                   f"  {'training (actor, reference)':<{width}}{p['training_per_rank']:>14,}",
+                  *([f"  {'LoRA adapters (trained)':<{width}}{p['adapter_per_rank']:>14,}"]
+                    if p.get("adapter_per_rank") else []),
                   f"  {'generation (vLLM)':<{width}}{p['generation_per_rank']:>14,}", ""]
         mem_width = max(len(label) for label in self.labels.values()) + 2
         lines.append(f"{'memory per rank (estimate)':<{mem_width + 2}}{'GiB':>9}")
@@ -439,7 +441,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 memory_bytes=memory, phase_bytes=_phase_bytes(g, memory),
                 labels=_memory_labels(config, layout, optim_label),
                 weights=tuple(_weight_lines(m.hf_dir, a.load, config.ref_config.load,
-                                            a.finetune, rl.init_kl_coef > 0)),
+                                            a.finetune, rl.init_kl_coef > 0,
+                                            shared=rl.share_backbone)),
                 notices=config.notices,
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
                                             if g.enable_expert_parallel and m.is_moe else None))
@@ -461,8 +464,29 @@ def _parameters_per_rank(config: RLJobConfig, layout: ParallelLayout) -> dict[st
     else:
         # Without it vLLM shards every expert over its TP ranks.
         dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
+    a = config.actor_config
+    adapters = lora_params_per_rank(m, a.lora_target_modules, a.lora_r, tp=tp,
+                                    layers=max(stages))
     return {"training_per_rank": dense + expert, "training_dense_per_rank": dense,
-            "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g}
+            "training_expert_per_rank": expert, "generation_per_rank": dense_g + expert_g,
+            "adapter_per_rank": adapters}
+
+
+def lora_params_per_rank(model: ModelSpec, targets, r: int, *, tp: int, layers: int) -> int:
+    """LoRA adapter parameters on one rank holding ``layers`` decoder layers.
+
+    A column-parallel linear (qkv, fc1) keeps A [r, in] whole and B [out/tp, r] split; a
+    row-parallel one (proj, fc2) splits A [r, in/tp] and keeps B [out, r] whole
+    (`mindspeed_rl.models.lora`).
+    """
+    h, d = model.hidden_size, model.kv_channels
+    q_heads, kv_heads = model.num_attention_heads // tp, max(model.num_kv_heads // tp, 1)
+    ffn = model.intermediate_size or 0
+    per_layer = {"linear_qkv": r * h + (q_heads + 2 * kv_heads) * d * r,
+                 "linear_proj": r * model.num_attention_heads * d // tp + h * r,
+                 "linear_fc1": r * h + 2 * ffn // tp * r,
+                 "linear_fc2": r * ffn // tp + h * r}
+    return layers * sum(per_layer[t] for t in targets if t in per_layer)
 
 
 def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
@@ -486,12 +510,18 @@ def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
     else:
         optimizer = train_params * optim_bytes
         optim_label = f"optimizer (Adam, fp32{' master +' if mt.bf16 else ''} m, v; replicated)"
+    adapters = parameters["adapter_per_rank"]
+    if adapters:
+        # LoRA: the backbone is frozen; only the adapters have grads and optimizer state.
+        optimizer = (-(-adapters * optim_bytes // dp) if mt.use_distributed_optimizer
+                     else adapters * optim_bytes)
     memory = {
-        "actor_params": train_params * train_bytes,
+        "actor_params": (train_params + adapters) * train_bytes,
         # Megatron keeps main grads in fp32 (bf16 runs accumulate and reduce in fp32).
-        "actor_grads": train_params * 4,
+        "actor_grads": (adapters or train_params) * 4,
         "actor_optimizer": optimizer,
-        "reference_params": train_params * train_bytes if rl.init_kl_coef > 0 else 0,
+        "reference_params": (train_params * train_bytes
+                             if rl.init_kl_coef > 0 and not rl.share_backbone else 0),
         "vllm_weights": parameters["generation_per_rank"] * infer_bytes,
         "kv_cache": (g.max_num_seqs * g.max_model_len * m.num_hidden_layers * 2
                      * _kv_heads_per_generation_rank(config, layout) * m.kv_channels
@@ -533,18 +563,22 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
     mt, rl, g, m = (config.megatron_training, config.rl_config, config.generate_config,
                     config.model)
     train_dtype = "bf16" if mt.bf16 else "fp32"
+    a = config.actor_config
     tp, pp, ep = (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
                   layout.expert_model_parallel_size)
+    lora = (f" + LoRA r={a.lora_r} on {'/'.join(a.lora_target_modules)}"
+            if a.lora_target_modules else "")
     offloaded = [name for name, flag in (("params", g.offload_train_param),
                                          ("grads", g.offload_train_grad),
                                          ("optimizer", g.offload_train_optimizer)) if flag]
     return {
         "actor_params": f"actor params ({train_dtype}, TP={tp} PP={pp}"
-                        + (f" EP={ep}" if m.is_moe else "") + ")",
-        "actor_grads": "actor grads (fp32 main grads)",
-        "actor_optimizer": optim_label,
-        "reference_params": (f"reference model ({train_dtype}; on host when idle)"
-                             if rl.init_kl_coef > 0 else "reference model (init_kl_coef=0: none)"),
+                        + (f" EP={ep}" if m.is_moe else "") + lora + ")",
+        "actor_grads": ("actor grads (fp32 main grads of the LoRA adapters only)"
+                        if a.lora_target_modules else "actor grads (fp32 main grads)"),
+        "actor_optimizer": optim_label + (" of the LoRA adapters only"
+                                          if a.lora_target_modules else ""),
+        "reference_params": _reference_label(config, train_dtype),
         "vllm_weights": f"vLLM weights ({config.generation_dtype}, "
                         f"TP_g={layout.infer_tensor_parallel_size})",
         "critic": "critic (params + fp32 grads + optimizer; on host when idle)",
@@ -562,8 +596,17 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
     }
 
 
+def _reference_label(config: RLJobConfig, train_dtype: str) -> str:
+    rl = config.rl_config
+    if rl.init_kl_coef <= 0:
+        return "reference model (init_kl_coef=0: none)"
+    if rl.share_backbone:
+        return "reference model (share_backbone: the actor with its adapters off; no weights)"
+    return f"reference model ({train_dtype}; on host when idle)"
+
+
 def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, finetune: bool,
-                  kl: bool) -> list[str]:
+                  kl: bool, shared: bool = False) -> list[str]:
     """Which weights the run loads, by the rule of mindspeed_rl.checkpoint.weight_source
     (stated here without reading any file)."""
     if load:
@@ -577,7 +620,10 @@ def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, fi
     else:
         actor = "none found: set actor_config.load (megatron_training.model is a model yaml)"
     lines = [f"actor      {actor}"]
-    if kl:
+    if kl and shared:
+        lines.append("reference  none loaded: share_backbone runs the actor's backbone with "
+                     "its LoRA adapters off")
+    elif kl:
         lines.append("reference  " + (f"ref_config.load={ref_load}" if ref_load else
                                       "the weights the run started from (recorded in every "
                                       "checkpoint, so a resumed run keeps them)"))

@@ -135,6 +135,21 @@ class ActorConfig(OptimizerKeys):
     num_layer_list: str | None = setting(
         None, "transformer layers of each pipeline stage, comma-separated (e.g. '16,17,16,15'; "
               "MindSpeed-LLM's name); null = num_layers / pipeline_model_parallel_size each")
+    lora_target_modules: tuple[str, ...] = setting((), (
+        "LoRA: the megatron linears that get low-rank adapters, any of linear_qkv, "
+        "linear_proj, linear_fc1, linear_fc2 (MindSpeed-RL's names); the rest of the model is "
+        "frozen and only the adapters train. Empty = full fine-tuning (docs/lora.md)"))
+    lora_r: int = setting(8, "LoRA rank r of every adapter (used with lora_target_modules)")
+    lora_alpha: float = setting(16, "LoRA alpha: an adapter adds (lora_alpha / lora_r) * B A "
+                                    "to its weight")
+    lora_fusion: bool = setting(False, (
+        "accepted for MindSpeed-RL configs: on Ascend it selects CCLoRA, which overlaps the "
+        "adapter matmuls with the TP communication; the result is the same, and here the "
+        "adapters always run as separate matmuls (docs/lora.md)"))
+    lora_ckpt_filter: bool = setting(False, (
+        "with LoRA: checkpoints in actor_config.save hold only the adapters (and their "
+        "optimizer state), with the base model's identity recorded; a resume reads the base "
+        "weights from that recorded source (MindSpeed-RL's lora_ckpt_filter / lora_filter)"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,6 +369,10 @@ class RLConfig:
         "PackedSeqParams (THD) where the attention supports it, else a block-diagonal causal "
         "mask (said at start-up). Without use_dynamic_bsz a micro-batch packs the usual "
         "micro_batch_size rows"))
+    share_backbone: bool = setting(False, (
+        "with LoRA (actor_config.lora_target_modules): the reference model is the actor with "
+        "its adapters switched off, so no second copy of the weights is built, loaded or "
+        "offloaded; needs a reference (init_kl_coef > 0)"))
     use_tensorboard: bool = setting(False, "also write tensorboard events to "
                                            "megatron_training.log_dir")
     use_wandb: bool = setting(False, "also log to Weights & Biases")

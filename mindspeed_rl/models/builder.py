@@ -101,12 +101,16 @@ def build_model_from_hf_dir(hf_dir: str | os.PathLike, **config_kwargs):
 
 # ---- naming: local (per stage / per EP rank) <-> global ---------------------------------------
 
-def global_parameter_names(model) -> dict[str, str]:
+def global_parameter_names(model, adapters: bool = False) -> dict[str, str]:
     """This rank's parameter names -> global names used by the weight map.
 
     Megatron numbers decoder layers per PP stage and experts per EP rank; the global
     name uses the layer's ``layer_number`` (1-based, global) and the expert's global id.
+    The backbone's parameters only, or (``adapters=True``) only the LoRA adapters'
+    (`mindspeed_rl.models.lora`), which the weight map does not know.
     """
+    from mindspeed_rl.models.lora import is_adapter_name
+
     from megatron.core import parallel_state as ps
 
     layer_index = {i: layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
@@ -115,6 +119,8 @@ def global_parameter_names(model) -> dict[str, str]:
     expert_offset = ps.get_expert_model_parallel_rank() * (num_experts // ep_size) if num_experts else 0
     names = {}
     for local, _ in model.named_parameters():
+        if is_adapter_name(local) != adapters:
+            continue
         parts = local.split(".")
         if parts[:2] == ["decoder", "layers"]:
             parts[2] = str(layer_index[int(parts[2])])

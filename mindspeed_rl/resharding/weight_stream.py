@@ -85,7 +85,13 @@ class WeightStream:
                 f"generate_config.resharding_bucket_mb must be > 0 (got {bucket_bytes / 2**20:g} MB)")
         self.model, self.weight_map, self.groups = model, weight_map, groups
         self.bucket_bytes, self.ledger, self.device, self.source = bucket_bytes, ledger, device, source
-        self.local = {g: model.get_parameter(n) for n, g in global_parameter_names(model).items()}
+        names = global_parameter_names(model)
+        self.local = {g: model.get_parameter(n) for n, g in names.items()}
+        # LoRA: the backbone weight of each adapted linear -> its module; the stream sends
+        # W + (alpha / r) B A, the backbone itself stays unmerged for training.
+        from mindspeed_rl.models.lora import adapted_modules
+
+        self.adapters = {names[f"{n}.weight"]: m for n, m in adapted_modules(model).items()}
         self.pp_stage = _group_rank(groups.pp)
         self.ep_rank = _group_rank(groups.ep)
         self.plan = self._make_plan()
@@ -144,7 +150,7 @@ class WeightStream:
         if item.pp_stage == self.pp_stage:
             holds = item.ep_rank is None or item.ep_rank == self.ep_rank
             if holds:
-                local = self.source(self.local[item.global_name]).to(self.device)
+                local = self._local_shard(item.global_name)
                 tp_group = g.expert_tp if item.ep_rank is not None else g.tp
                 tp_size = dist.get_world_size(tp_group)
                 if wm.tp_dim(item.global_name) is not None and tp_size > 1:
@@ -166,6 +172,16 @@ class WeightStream:
                 self.bytes_received += full.nbytes
             dist.broadcast(full, src=dist.get_global_rank(g.pp, item.pp_stage), group=g.pp)
         return full
+
+    def _local_shard(self, name: str) -> torch.Tensor:
+        """This rank's shard of ``name`` as vLLM must see it: with a LoRA adapter, the merged
+        ``W_k + (alpha / r) (B A)_k``, exactly the shard of the merged full weight."""
+        local = self.source(self.local[name]).to(self.device)
+        module = self.adapters.get(name)
+        if module is None:
+            return local
+        delta = module.delta_weight(lambda p: self.source(p).to(self.device))
+        return (local.float() + delta).to(local.dtype)
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF name, full tensor) for the whole model, one bucket resident at a time."""

@@ -52,6 +52,22 @@ class RoleSwap:
             self._refresh_and_offload()
 
 
+class SharedBackbone:
+    """``rl_config.share_backbone``: the reference is the actor's own model with its LoRA
+    adapters switched off (MindSpeed-RL's ``disable_adapter``), so no reference weights are
+    built, loaded or offloaded; ``resident()`` is where the reference exists."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    @contextlib.contextmanager
+    def resident(self) -> Iterator[None]:
+        from mindspeed_rl.models.lora import adapters_disabled
+
+        with adapters_disabled(self.model):
+            yield
+
+
 @dataclass
 class Roles:
     actor: MegatronActor
@@ -119,7 +135,9 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     resharder = build_resharder(config.generate_config, actor, rollout, env, platform)
     roles = Roles(actor=actor, rollout=rollout, resharder=resharder)
     env = dataclasses.replace(env, ledger=resharder.ledger)
-    if rl.init_kl_coef:
+    if rl.init_kl_coef and rl.share_backbone:
+        roles.reference, roles.reference_swap = actor.model, SharedBackbone(actor.model)
+    elif rl.init_kl_coef:
         roles.reference, roles.reference_swap, roles.reference_source = build_reference(
             config.ref_config, env, actor.model, start, config.actor_config.load)
     if config.critic_config is not None:
@@ -136,9 +154,21 @@ def build_actor(section, env: RoleEnv, start) -> MegatronActor:
     from mindspeed_rl.checkpoint import weight_source
 
     policy = build_policy_model(env.arch, **env.model_options)
+    if section.lora_target_modules:
+        from mindspeed_rl.models.lora import add_lora_adapters
+
+        add_lora_adapters(policy, section.lora_target_modules, section.lora_r,
+                          section.lora_alpha, seed=env.seed)
     if start is not None:
         weight_source.load_weights(policy, env.arch, start)
-    return MegatronActor(policy, section, total_steps=env.total_steps, **env.trainable)
+    elif section.lora_target_modules and section.lora_ckpt_filter:
+        # An adapter-only checkpoint: the backbone is the base model the run recorded.
+        weight_source.load_weights(policy, env.arch, weight_source.WeightSource.from_dict(
+            weight_source.recorded_start(section.load)))
+    actor = MegatronActor(policy, section, total_steps=env.total_steps, **env.trainable)
+    actor.checkpoint_adapters_only = bool(section.lora_target_modules and
+                                          section.lora_ckpt_filter)
+    return actor
 
 
 def build_rollout(config, model_dir: str, platform) -> "RolloutEngine":  # noqa: F821

@@ -1,7 +1,7 @@
 """Long-tail rollouts: the trainer's rollout and iteration with and without partial rollout.
 
     python benchmarks/bench_long_tail.py [--splits 1 2 4] [--iterations 6] [--warmup 2] \\
-        [--model DIR] [--max-tokens 192] [--sigma 1.2] [--median 12]
+        [--model DIR] [--max-tokens 1024] [--sigma 1.2] [--median 48]
 
 One run, side by side: for each ``rl_config.partial_rollout_max_split`` N in ``--splits``
 it launches ``torchrun --nproc_per_node 2`` on this script (``--worker``), which builds the
@@ -147,14 +147,15 @@ def worker(args) -> dict | None:
 
 
 # ---- the driver ----------------------------------------------------------------------------
-def _assets(root: str, model: str | None) -> tuple[str, str]:
+def _assets(root: str, model: str | None, max_tokens: int) -> tuple[str, str]:
     from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
     from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
     train, _ = make_arithmetic_problems(400, 1, seed=0, max_operand=99, ops="+-")
     data = os.path.join(root, "train.jsonl")
     write_jsonl(train, data)
-    return model or str(make_tiny_hf_dir("qwen2", os.path.join(root, "qwen2"))), data
+    return model or str(make_tiny_hf_dir("qwen2", os.path.join(root, "qwen2"),
+                                         max_position_embeddings=max_tokens + 128)), data
 
 
 def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[str]:
@@ -162,16 +163,19 @@ def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[st
             f"megatron_training.log_dir={log_dir}", "actor_config.save=null",
             "megatron_training.test_data_path=null", "megatron_training.global_batch_size=8",
             f"megatron_training.train_iters={args.warmup + args.iterations}",
-            "megatron_training.seq_length=256", "rl_config.mini_batch_size=8",
-            "rl_config.init_kl_coef=0",
-            "generate_config.max_model_len=256", "generate_config.max_num_seqs=64",
+            f"megatron_training.seq_length={args.max_tokens + 64}", "rl_config.mini_batch_size=8",
+            "rl_config.init_kl_coef=0", "rl_config.max_prompt_length=64",
+            f"generate_config.max_model_len={args.max_tokens + 64}",
+            "generate_config.max_num_seqs=64",
             f"generate_config.sampling_config.max_tokens={args.max_tokens}",
-            f"rl_config.partial_rollout_max_split={split}", *args.overrides]
+            f"rl_config.partial_rollout_max_split={split}",
+            f"rl_config.async_engine={str(args.async_engine and split > 1).lower()}",
+            *args.overrides]
 
 
 def driver(args) -> dict:
     root = tempfile.mkdtemp(prefix="bench_long_tail_")
-    model, data = _assets(root, args.model)
+    model, data = _assets(root, args.model, args.max_tokens)
     runs = {}
     for split in args.splits:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -192,6 +196,8 @@ def driver(args) -> dict:
               for n, r in runs.items() if base and n != "1"}
     lengths = runs[str(args.splits[0])]
     return {"workload": {"model": args.model or "tiny qwen2 (random)",
+                         "engine": "step-wise (async_engine)" if args.async_engine
+                         else "token budget per pass",
                          "lengths": f"lognormal(median {args.median}, sigma {args.sigma}) "
                                     f"per prompt, capped at {args.max_tokens}, ignore_eos",
                          "p99_over_median": lengths["response_length_p99"]
@@ -235,9 +241,12 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--model", default=None, help="HF model dir (default: a tiny random qwen2)")
-    p.add_argument("--max-tokens", type=int, default=192)
-    p.add_argument("--median", type=float, default=12.0)
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--median", type=float, default=48.0)
     p.add_argument("--sigma", type=float, default=1.2)
+    p.add_argument("--async-engine", action="store_true",
+                   help="N > 1 with rl_config.async_engine: true (a pass stops once enough "
+                        "groups are finished) instead of the per-pass token budget")
     p.add_argument("--plot", default=None, help="also write the bars to this PNG")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", metavar="key=value")

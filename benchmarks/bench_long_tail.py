@@ -229,7 +229,8 @@ def plot(result: dict, path: str) -> None:
         ax.set_xticks(list(x), [f"N={n}" for n in splits])
         ax.set_xlabel("partial_rollout_max_split")
     ax_time.legend()
-    fig.suptitle(f"long-tail rollouts ({result['workload']['lengths']})", fontsize=9)
+    fig.suptitle(f"long-tail rollouts, {result['workload'].get('engine', '')} "
+                 f"({result['workload']['lengths']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

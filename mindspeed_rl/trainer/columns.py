@@ -31,6 +31,7 @@ class Column:
     producers: tuple[str, ...]
     consumers: tuple[str, ...]
     doc: str
+    feature: str = ""  # stored only when this feature is on (e.g. "partial_rollout")
 
     @property
     def ndim(self) -> int:
@@ -44,6 +45,7 @@ FINISH_REASONS = ("stop", "length", "abort", "partial")
 _FORWARDS = ("reward_model", "values", "old_log_p", "reference_model")
 # A partial rollout (rollout.py's continuation) reads back the unfinished rows it wrote.
 _R = ("rollout",)
+PARTIAL_ROLLOUT = "partial_rollout"  # rl_config.partial_rollout_max_split > 1
 COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("prompt_ids", torch.int64, "[P]", _R,
            _R + _FORWARDS + ("critic_update", "update"), "prompt token ids"),
@@ -55,7 +57,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
            "(rollout-training mismatch, off-policy correction)"),
     Column("token_versions", torch.int64, "[R]", _R, _R + ("update",),
            "partial rollout: the weight version that generated each response token (a "
-           "response continued across iterations mixes versions)"),
+           "response continued across iterations mixes versions)", PARTIAL_ROLLOUT),
     Column("prompt_index", torch.int64, "[]", _R, _R + ("reward",),
            "the prompt's index in the training dataset (its gold answer for the verifiers)"),
     Column("finish_reason", torch.int64, "[]", _R, _R + ("reward",),
@@ -64,9 +66,9 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
            "actor optimizer steps when the row's first token was generated (on-policy check)"),
     Column("birth_iteration", torch.int64, "[]", _R, _R + ("update",),
            "partial rollout: the iteration whose rollout started the row (its age when "
-           "trained)"),
+           "trained)", PARTIAL_ROLLOUT),
     Column("num_segments", torch.int64, "[]", _R, _R + ("update",),
-           "partial rollout: rollout passes that generated the row's tokens"),
+           "partial rollout: rollout passes that generated the row's tokens", PARTIAL_ROLLOUT),
     Column("group_id", torch.int64, "[]", _R, _R + ("dynamic_sampling", "adv"),
            "unique id of the prompt's group of n samples (grows across iterations)"),
     Column("sample_idx", torch.int64, "[]", _R, _R + ("adv",),
@@ -120,13 +122,16 @@ def check_contract(phases_per_algorithm: dict[str, Sequence[str]],
 
 
 def active_columns(phases: Sequence[str], columns: dict[str, Column] = COLUMNS,
-                   rereads: Sequence[str] = ()) -> set[str]:
-    """The columns an algorithm stores: written by one of its phases and read by another
-    (or read back by a phase of ``rereads`` that writes it: a partial rollout)."""
+                   features: Sequence[str] = ()) -> set[str]:
+    """The columns an algorithm stores: written by one of its phases and read by another.
+    With the ``partial_rollout`` feature on, the rollout also reads back what it wrote,
+    and the columns of a feature are stored only when it is on."""
     running = set(phases)
+    rereads = set(_R) if PARTIAL_ROLLOUT in features else set()
     return {name for name, col in columns.items()
-            if running & set(col.producers)
-            and running & (set(col.consumers) - (set(col.producers) - set(rereads)))}
+            if (not col.feature or col.feature in features)
+            and running & set(col.producers)
+            and running & (set(col.consumers) - (set(col.producers) - rereads))}
 
 
 def markdown_table(columns: dict[str, Column] = COLUMNS) -> str:

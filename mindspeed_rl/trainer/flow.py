@@ -25,19 +25,19 @@ class SampleFlow:
         phases: the algorithm's phase names, in order.
         layouts: named consumer layouts (e.g. ``train``: the megatron DP ranks with
             their TP/PP peers; ``gen_writers``: one rank per generation-DP rank).
-        rereads: phases that read back columns they wrote (the rollout of a partial
-            rollout), so those columns are kept even if no other phase reads them.
+        features: optional features of the run whose columns are stored
+            (``partial_rollout``: its rollout also reads back the rows it wrote).
     """
 
     def __init__(self, dock: TransferDock, phases: Sequence[str],
                  layouts: Mapping[str, ConsumerLayout],
                  columns: Mapping[str, Column] = COLUMNS, *, trace: bool = False,
-                 rereads: Sequence[str] = ()) -> None:
+                 features: Sequence[str] = ()) -> None:
         self.dock = dock
         self.phases = tuple(phases)
         self.layouts = dict(layouts)
         self.columns = dict(columns)
-        self.active = active_columns(self.phases, self.columns, rereads)
+        self.active = active_columns(self.phases, self.columns, features)
         # With ``trace``: {consumer: row ids this rank received} since the last retire_all.
         self.trace: dict[str, list[int]] | None = {} if trace else None
 

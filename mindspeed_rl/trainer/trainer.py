@@ -312,12 +312,13 @@ def _datasets(config, tokenizer):
 def _sample_flow(rl, phases, layout) -> SampleFlow:
     """The TransferDock of ``rl_config.transfer_dock_mode`` seen through the column contract
     of the algorithm's phases."""
+    from mindspeed_rl.trainer.columns import PARTIAL_ROLLOUT
     from mindspeed_rl.transfer_dock import build_transfer_dock
 
     dock = build_transfer_dock(rl.transfer_dock_mode,
                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s)
     return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow,
-                      rereads=("rollout",) if rl.partial_rollout_max_split > 1 else ())
+                      features=(PARTIAL_ROLLOUT,) if rl.partial_rollout_max_split > 1 else ())
 
 
 def _efficiency(config, platform, model):

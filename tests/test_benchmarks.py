@@ -39,7 +39,8 @@ def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
     lengths = sorted(drawn_length((i, i + 1), 12.0, 1.2, 192) for i in range(2000))
     assert lengths[int(0.99 * len(lengths))] / lengths[len(lengths) // 2] >= 8
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_long_tail.py"),
-                           "--splits", "1", "2", "--iterations", "1", "--warmup", "0"],
+                           "--splits", "1", "2", "--iterations", "1", "--warmup", "0",
+                           "--max-tokens", "96", "--median", "8"],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

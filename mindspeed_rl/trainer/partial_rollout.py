@@ -264,12 +264,13 @@ def _release(ctx: PhaseContext, pool: Pool, target: int, generated: dict) -> dic
     ctx.flow.dock.release(released.tolist())
     ctx.flow.note(f"partial_rollout/released_round{ctx.it.generation_round}",
                   sorted(released.tolist()))
-    rest = [k for k in range(len(pool.groups)) if k not in set(ready)]
+    chosen = set(ready)
+    rest = [k for k in range(len(pool.groups)) if k not in chosen]
     ages = pool.ages(iteration)
     stale = [k for k in rest if ages[k] >= split - 1]
     if stale:  # next iteration they would exceed the age bound N - 1
         ctx.flow.retire(np.concatenate([pool.groups[k] for k in stale]).tolist())
-    carried = [k for k in rest if k not in set(stale)]
+    carried = [k for k in rest if ages[k] < split - 1]
     carried_rows = sum(len(pool.groups[k]) for k in carried)
     lengths = [float(x) for k in ready for x in pool.lengths[k]]
     return {

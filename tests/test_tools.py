@@ -371,14 +371,16 @@ def test_calls_in_flight_die_with_the_rank(tmp_path):
     rank = textwrap.dedent(f"""
         from mindspeed_rl.tools import CodeInterpreter
         CodeInterpreter(60, 512).run("import os, time\\n"
-            "open({str(pid_file)!r}, 'w').write(str(os.getpid()))\\ntime.sleep(1000)")
+            "open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{os.getcwd()}}')\\n"
+            "time.sleep(1000)")
     """)
     proc = subprocess.Popen([sys.executable, "-c", rank], cwd=ROOT)
     try:
         deadline = time.monotonic() + 30
         while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        child = psutil.Process(int(pid_file.read_text()))
+        pid, workdir = pid_file.read_text().split(" ", 1)
+        child = psutil.Process(int(pid))
     finally:
         proc.kill()
         proc.wait()
@@ -386,6 +388,7 @@ def test_calls_in_flight_die_with_the_rank(tmp_path):
     while not _doomed_or_gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _doomed_or_gone(child)
+    assert not os.path.exists(workdir)  # removed by the child before it killed its group
 
 
 def test_retool_code_format():

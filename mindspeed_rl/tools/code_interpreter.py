@@ -49,8 +49,9 @@ _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
         "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # Run by the child with -c. Waits for the go byte (its limits are set), points stdin at
-# /dev/null, watches the parent's pipe (EOF: the rank is gone, kill the group), then runs
-# main.py as __main__ and prints a traceback without this wrapper's frames.
+# /dev/null, watches the parent's pipe (EOF: the rank is gone: remove the working
+# directory the rank cannot remove now, kill the group), then runs main.py as __main__
+# and prints a traceback without this wrapper's frames.
 _BOOT = r"""
 import os, sys, _thread
 os.read(0, 1)
@@ -58,13 +59,17 @@ _pipe = os.dup(0)
 _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
-def _watch(fd=_pipe):
+def _watch(fd=_pipe, home=os.getcwd()):
     try:
         while os.read(fd, 1):
             pass
     except OSError:
         return
-    os.killpg(0, 9)
+    try:
+        import shutil
+        shutil.rmtree(home, ignore_errors=True)
+    finally:
+        os.killpg(0, 9)
 _thread.start_new_thread(_watch, ())
 def _run():
     with open("main.py", "rb") as f:

@@ -256,6 +256,11 @@ def _fixed_engine_kwargs(device_type: str) -> dict:
         # Sleep mode lets CUDA/NPU release weights and KV cache between rollouts;
         # vLLM-CPU does not support it (it logs and ignores the flag).
         enable_sleep_mode=device_type != "cpu",
+        # vLLM-CPU cannot rewind a seeded request's CPU generator after a partial prefill
+        # ("CPU Generator does not use offset"), which chunked prefill causes once a step's
+        # prompts exceed its token budget (long prompts, many samples): on CPU every prompt
+        # is prefilled whole.
+        **({"enable_chunked_prefill": False} if device_type == "cpu" else {}),
         distributed_timeout_seconds=timeout, cpu_distributed_timeout_seconds=timeout)
 
 

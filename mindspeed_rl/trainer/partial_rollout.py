@@ -35,6 +35,7 @@ import torch
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.reductions import global_sums
 
 # Replicated per-row tags of held rows (TransferDock.put(..., tags=...)).
 FINISHED, BIRTH, GROUP, LENGTH = "finished", "birth", "group", "length"
@@ -139,7 +140,6 @@ def _one_pass(ctx: PhaseContext, pool: Pool) -> tuple[float, float]:
     """Continue every unfinished row of the pool for at most ceil(max_tokens / N) tokens;
     the groups come back as new held rows and their old rows are retired. Returns the
     tokens generated and the prompt tokens prefilled (every rank's)."""
-    from mindspeed_rl.trainer.phases import global_sums
 
     n, me = ctx.rl.n_samples_per_prompt, ctx.ranks
     dp_g = ctx.plan.layout.infer_data_parallel_size
@@ -225,7 +225,6 @@ def _enough_groups(ctx: PhaseContext, batch, todo: list[int], pool: Pool):
     """The step-wise engine's stop rule (MindSpeed-RL's async engine): stop once the pool
     holds the round's finished groups and (``require_max_age_all_finished``) no row at the
     age bound is unfinished; agreed on by every rank (one all-reduce per check)."""
-    from mindspeed_rl.trainer.phases import global_sums
 
     target, split = ctx.batch.prompts_per_generation_round, ctx.rl.partial_rollout_max_split
     before = int(pool.finished.sum())

@@ -36,6 +36,11 @@ if evals:
     print(f"[demo] greedy test accuracy: {evals[0]['eval/accuracy']:.3f} before (iteration "
           f"{evals[0]['iteration']}) -> {evals[-1]['eval/accuracy']:.3f} after (iteration "
           f"{evals[-1]['iteration']})")
+if evals and "eval/tool_call_rate" in evals[0]:
+    first, last = evals[0], evals[-1]
+    print(f"[demo] without the tool: {first['eval/accuracy_without_tools']:.3f} -> "
+          f"{last['eval/accuracy_without_tools']:.3f}; tool-call rate (greedy): "
+          f"{first['eval/tool_call_rate']:.3f} -> {last['eval/tool_call_rate']:.3f}")
 if train:
     print(f"[demo] train reward: {train[0]['reward/mean']:.3f} (iteration 1) -> "
           f"{train[-1]['reward/mean']:.3f} (iteration {train[-1]['iteration']})")

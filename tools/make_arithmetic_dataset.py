@@ -30,12 +30,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ops", default="+-*", help="operators to use, e.g. +- (default +-*)")
     p.add_argument("--instruction", default=None,
                    help='text appended to each question, e.g. "Answer with the number."')
+    p.add_argument("--tool-example", action="store_true",
+                   help="chat prompts that start with one worked example of calling the code "
+                        "interpreter (the multi-turn demo; docs/multi_turn.md)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from mindspeed_rl.data.arithmetic import make_arithmetic_problems, write_jsonl
+    from mindspeed_rl.data.arithmetic import (make_arithmetic_problems, with_tool_example,
+                                              write_jsonl)
 
     try:
         train, test = make_arithmetic_problems(args.num_train, args.num_test, args.seed,
@@ -44,6 +48,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.tool_example:
+        train, test = with_tool_example(train), with_tool_example(test)
     for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
         path = os.path.join(args.out, name)
         write_jsonl(rows, path)

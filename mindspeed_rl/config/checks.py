@@ -35,6 +35,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_lora(config)
     _check_generation_features(config)
     _check_partial_rollout(config)
+    _check_multi_turn(config)
     _check_verifiers(config)
     _check_reward_limits(config)
 
@@ -275,10 +276,13 @@ def _check_dapo(config: RLJobConfig) -> None:
 def _check_lengths(config: RLJobConfig) -> None:
     mt, rl, gen, sampling = (config.megatron_training, config.rl_config, config.generate_config,
                              config.sampling_config)
-    prompt, response = rl.max_prompt_length, sampling.max_tokens
+    prompt, response = rl.max_prompt_length, response_limit(config)
     total = prompt + response
-    _require(total <= gen.max_model_len, "generate_config.sampling_config.max_tokens", response,
-             f"rl_config.max_prompt_length={prompt} + max_tokens={response} = {total} is larger "
+    what = ("rl_config.max_total_response_length" if rl.multi_turn_enable
+            else "generate_config.sampling_config.max_tokens")
+    _require(total <= gen.max_model_len, what, response,
+             f"rl_config.max_prompt_length={prompt} + {what.split('.')[-1]}={response} = {total} "
+             "is larger "
              f"than generate_config.max_model_len={gen.max_model_len}",
              (f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
               if gen.max_model_len > prompt else "lower rl_config.max_prompt_length or raise ")
@@ -300,7 +304,7 @@ def _check_lengths(config: RLJobConfig) -> None:
                 continue
             _require(budget >= total, f"rl_config.{key}", budget,
                      f"smaller than the longest single row: rl_config.max_prompt_length={prompt} "
-                     f"+ generate_config.sampling_config.max_tokens={response} = {total} tokens "
+                     f"+ {what}={response} = {total} tokens "
                      "(a micro-batch must hold at least one row)",
                      f"use at least {total} (MindSpeed-RL suggests twice that, {2 * total})")
         for prefix in ("", "update_", "actor_", "ref_"):
@@ -335,6 +339,11 @@ def check_data_files(config: RLJobConfig) -> None:
             raise ConfigError(key, "no such file, directory or indexed-dataset prefix",
                               "check the path (relative paths resolve against the current "
                               f"working directory, {os.getcwd()})", value=value)
+    if config.rl_config.multi_turn_enable and mt.prompt_type is None:
+        _require(_indexed_prefix(mt.data_path), "megatron_training.prompt_type", None,
+                 f"multi_turn_enable with the raw prompts of {mt.data_path}: the tokenizer's "
+                 "chat template alone does not tell the model its tools", "set prompt_type: "
+                 f"{TOOL_PROMPT_TYPES[0]}, or train on data preprocessed with a tool template")
     check_output_dirs(config)
     check_tokenizer_fits(config)
 
@@ -469,6 +478,62 @@ def _check_partial_rollout(config: RLJobConfig) -> None:
         _require(config.sampling_config.temperature > 0 or rl.n_samples_per_prompt == 1, key,
                  split, "greedy sampling with n_samples_per_prompt > 1 cannot form a group",
                  "raise generate_config.sampling_config.temperature")
+
+
+def response_limit(config: RLJobConfig) -> int:
+    """Tokens of the longest response: max_tokens, or with multi-turn the whole trajectory
+    after the prompt (the model's turns, tool responses and template glue)."""
+    rl, max_tokens = config.rl_config, config.sampling_config.max_tokens
+    if rl.multi_turn_enable:
+        return rl.max_total_response_length or max_tokens
+    return max_tokens
+
+
+TOOL_PROMPT_TYPES = ("qwen_retool",)  # prompt types whose template describes the tools
+
+
+def _check_multi_turn(config: RLJobConfig) -> None:
+    rl, key = config.rl_config, "rl_config.multi_turn_enable"
+    _require(rl.max_tool_response_length > 0, "rl_config.max_tool_response_length",
+             rl.max_tool_response_length, "must be positive (characters of a tool response "
+             "kept)", "use e.g. 256")
+    if not rl.multi_turn_enable:
+        return
+    _require(config.algorithm == "grpo", key, True, "multi-turn rollouts run with GRPO and "
+             "DAPO (pretrain_grpo.py), as in MindSpeed-RL; PPO's critic and GAE are not built "
+             "for responses with tool tokens", "set multi_turn_enable: false for PPO")
+    _require(rl.partial_rollout_max_split == 1, "rl_config.partial_rollout_max_split",
+             rl.partial_rollout_max_split, "partial rollout and multi-turn rollouts are not "
+             "combined here", "set partial_rollout_max_split: 1 with multi_turn_enable")
+    _require(rl.tool_config_path is not None, "rl_config.tool_config_path", None,
+             "multi_turn_enable needs the tool YAML", "e.g. configs/tools/code_interpreter.yaml")
+    # null: MindSpeed-RL's configs leave it to their preprocessed (indexed) data, whose
+    # prompts were rendered with qwen_retool; check_data_files refuses null on raw prompts.
+    _require(config.megatron_training.prompt_type in TOOL_PROMPT_TYPES + (None,),
+             "megatron_training.prompt_type", config.megatron_training.prompt_type,
+             "has no tool template: the model would not be told which tools it can call or "
+             "how", f"use one of {list(TOOL_PROMPT_TYPES)} with multi_turn_enable")
+    _require(rl.max_tool_calls >= 0, "rl_config.max_tool_calls", rl.max_tool_calls,
+             "must be at least 0", "use e.g. 1")
+    _require(rl.max_parallel_calls >= 1, "rl_config.max_parallel_calls", rl.max_parallel_calls,
+             "must be at least 1", "use e.g. 1")
+    max_tokens = config.sampling_config.max_tokens
+    _require(response_limit(config) >= max_tokens, "rl_config.max_total_response_length",
+             rl.max_total_response_length, f"is smaller than generate_config.sampling_config."
+             f"max_tokens={max_tokens} (MindSpeed-RL refuses the same)",
+             f"use at least {max_tokens}")
+    fmt = rl.tool_parser_format
+    module, _, attr = fmt.partition(":")
+    _require(fmt == "hermes" or (module and attr), "rl_config.tool_parser_format", fmt,
+             "is not a known format", "use hermes, or package.module:function for a parser of "
+             "your own")
+    from mindspeed_rl.tools.config import ToolConfigError, load_tool_config
+
+    try:
+        load_tool_config(rl.tool_config_path)
+    except ToolConfigError as e:
+        raise ConfigError("rl_config.tool_config_path", str(e), "fix the tool YAML "
+                          "(docs/tools.md)", value=rl.tool_config_path) from None
 
 
 def _check_verifiers(config: RLJobConfig) -> None:

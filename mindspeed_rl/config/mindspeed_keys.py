@@ -183,7 +183,8 @@ ROWS: list[KeyRow] = [
          "GRPO"),
     *_na(MEGATRON, "log_interval log_throughput eval_interval eval_iters "
          "enable_high_availability num_workers dataloader_type", _LOGGING),
-    *_na(MEGATRON, "prompt_type prompt_type_path tokenizer_not_use_fast tokenizer_padding_side "
+    *_same(MEGATRON, "prompt_type", "megatron_training"),
+    *_na(MEGATRON, "prompt_type_path tokenizer_not_use_fast tokenizer_padding_side "
          "vocab_extra_ids make_vocab_size_divisible_by", _DATA_PREP + "; the vocabulary is "
          "padded to a multiple of 128 internally and the pad columns are masked"),
     *_na(MEGATRON, "algorithm", "the launcher decides the algorithm"),
@@ -263,14 +264,15 @@ ROWS: list[KeyRow] = [
            "global_batch_size (prompts per generation round) -> rl_config.gen_batch_size"),
     *_same(RL, "partial_rollout_max_split require_max_age_all_finished async_engine",
            "rl_config"),
-    *_na(RL, "multi_turn_enable is_multimodal reuse_image_embeds colocate_actor_and_vit "
-         "tp_split_expert", "multi-turn tool use, multimodal models and expert splitting in "
+    *_na(RL, "is_multimodal reuse_image_embeds colocate_actor_and_vit "
+         "tp_split_expert", "multimodal models and expert splitting in "
          "resharding are not implemented here", _off, "false"),
+    *_same(RL, "multi_turn_enable tool_config_path max_tool_calls max_parallel_calls "
+           "max_total_response_length max_tool_response_length tool_response_truncate_side "
+           "tool_parser_format", "rl_config"),
     *_same(RL, "share_backbone", "rl_config"),
-    *_na(RL, "tool_config_path max_tool_calls max_parallel_calls max_total_response_length "
-         "max_tool_response_length tool_response_truncate_side tool_parser_format "
-         "vit_forward_micro_batch_size actor_image_embeds_dispatch_size",
-         "multi-turn / multimodal settings (switched off)"),
+    *_na(RL, "vit_forward_micro_batch_size actor_image_embeds_dispatch_size",
+         "multimodal settings (switched off)"),
 
     # ---- generate_config ------------------------------------------------------------------
     *_same(GENERATE, "infer_tensor_parallel_size infer_expert_parallel_size max_num_seqs "

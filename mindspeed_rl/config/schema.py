@@ -62,6 +62,11 @@ class MegatronTrainingConfig:
     no_shuffle: bool = setting(False, "read the training prompts in file order instead of a "
                                       "seeded shuffle per epoch")
     prompt_key: str = setting("prompt", "dataset column holding the prompt")
+    prompt_type: str | None = setting(None, (
+        "MindSpeed-RL's prompt template name. qwen_retool: the tokenizer's chat template with "
+        "the tools of rl_config.tool_config_path described in the system message (hermes) "
+        "and the boxed-answer instruction after the question (multi-turn needs it); any other "
+        "name or null: the tokenizer's own chat template"))
     answer_key: str = setting("answer", "dataset column holding the reference answer for the "
                                         "verifiers")
     bf16: bool = setting(False, "train in bfloat16 with fp32 master weights; false = fp32 "
@@ -373,6 +378,33 @@ class RLConfig:
         "with LoRA (actor_config.lora_target_modules): the reference model is the actor with "
         "its adapters switched off, so no second copy of the weights is built, loaded or "
         "offloaded; needs a reference (init_kl_coef > 0)"))
+    multi_turn_enable: bool = setting(False, (
+        "multi-turn rollouts with tools (MindSpeed-RL's ReTool): the model generates until a "
+        "tool call or its end, the calls run in the tool sandbox, their responses are appended "
+        "through the chat template and generation continues; the loss covers only the "
+        "model's own tokens (docs/multi_turn.md). Needs tool_config_path and "
+        "megatron_training.prompt_type: qwen_retool"))
+    tool_config_path: str | None = setting(None, (
+        "the tool YAML (MindSpeed-RL's format: tools: [{class_name, config, tool_schema}]; "
+        "configs/tools/ and docs/tools.md)"), path=True)
+    max_tool_calls: int = setting(1, "tool calls one trajectory may make in all; a turn "
+                                     "after the last allowed call ends the trajectory")
+    max_parallel_calls: int = setting(1, "tool calls of one turn that run (the rest of the "
+                                         "turn's calls are ignored)")
+    max_total_response_length: int | None = setting(None, (
+        "tokens of the whole multi-turn response (the model's turns + tool responses + "
+        "template glue); generation stops there; null = sampling_config.max_tokens"))
+    max_tool_response_length: int = setting(256, (
+        "characters of one tool response kept (as MindSpeed-RL: characters, not tokens); "
+        "longer ones are cut at tool_response_truncate_side"))
+    tool_response_truncate_side: Literal["left", "right", "middle"] = setting("middle", (
+        "which part of a long tool response is kept: left = its beginning, right = its end, "
+        "middle = both ends (MindSpeed-RL's meanings)"))
+    tool_parser_format: str = setting("hermes", (
+        "how tool calls are found in the model's text: hermes = "
+        "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; or "
+        "package.module:function, a parser of your own (text -> "
+        "mindspeed_rl.tools.parser.ParseResult)"))
     use_tensorboard: bool = setting(False, "also write tensorboard events to "
                                            "megatron_training.log_dir")
     use_wandb: bool = setting(False, "also log to Weights & Biases")

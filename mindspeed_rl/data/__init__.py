@@ -4,11 +4,11 @@ and the synthetic arithmetic set."""
 from mindspeed_rl.data.arithmetic import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.data.prompt_dataset import PromptDataset, PromptItem, slice_per_dp_rank
 from mindspeed_rl.data.prompts import (PROMPT_IDS_COLUMN, PROMPT_TEXT_COLUMN, RawPrompt,
-                                       check_chat_template, data_files, load_prompt_dataset,
+                                       ToolPrompt, check_chat_template, data_files, load_prompt_dataset,
                                        prompt_text, read_prompt_rows, tokenize_prompts)
 
 __all__ = [
     "PROMPT_IDS_COLUMN", "PROMPT_TEXT_COLUMN", "PromptDataset", "PromptItem", "RawPrompt",
-    "check_chat_template", "data_files", "load_prompt_dataset", "make_arithmetic_problems",
+    "ToolPrompt", "check_chat_template", "data_files", "load_prompt_dataset", "make_arithmetic_problems",
     "prompt_text", "read_prompt_rows", "slice_per_dp_rank", "tokenize_prompts", "write_jsonl",
 ]

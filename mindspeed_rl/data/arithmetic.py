@@ -84,3 +84,21 @@ def write_jsonl(rows: list[dict[str, str]], path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def with_tool_example(rows: list[dict[str, str]]) -> list[dict]:
+    """Rows whose prompt is a chat: one worked example of calling the code interpreter
+    (hermes ``<tool_call>``, the tool's answer, the boxed result), then the question.
+
+    A 135M model does not call a tool it is only told about (0 of 256 samples of
+    SmolLM2-135M-Instruct did); after one example it does in about a third of its samples
+    at temperature 0.7, which RL can then reinforce (docs/multi_turn.md)."""
+    call = ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": '
+            '"print(123 * 456)"}}\n</tool_call>')
+    example = [{"role": "user", "content": "What is 123*456?"},
+               {"role": "assistant", "content": call},
+               {"role": "tool", "content": "56088"},
+               {"role": "assistant", "content": "\\boxed{56088}"}]
+    return [{**row, "prompt": example + [{"role": "user", "content": row["prompt"]}]}
+            for row in rows]
+

@@ -169,8 +169,34 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolPrompt:
+    """``megatron_training.prompt_type: qwen_retool``: the tools the model may call, told in
+    the system message (after the dataset's own system message, or after
+    ``DEFAULT_SYSTEM``), and an instruction on the answer's form after the question."""
+
+    tools_block: str
+    answer_instruction: str = "The answer format must be: \\boxed{'The final answer goes here.'}"
+
+
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+def _with_tools(messages: list[dict[str, str]], tools: ToolPrompt) -> list[dict[str, str]]:
+    if messages[0]["role"] == "system":
+        system = {"role": "system", "content": f"{messages[0]['content']}\n\n{tools.tools_block}"}
+        messages = [system] + messages[1:]
+    else:
+        messages = [{"role": "system", "content": f"{DEFAULT_SYSTEM}\n\n{tools.tools_block}"}] \
+            + messages
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last_user] = {"role": "user", "content": f"{messages[last_user]['content']}\n"
+                                                      f"{tools.answer_instruction}"}
+    return messages
+
+
 def _messages(raw: RawPrompt, prompt_key: str,
-              system_prompt: str | None) -> list[dict[str, str]]:
+              system_prompt: str | None, tools: ToolPrompt | None = None) -> list[dict[str, str]]:
     prompt = raw.prompt
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
@@ -183,11 +209,12 @@ def _messages(raw: RawPrompt, prompt_key: str,
                          f"{type(prompt).__name__} {str(prompt)[:80]!r}")
     if system_prompt is not None and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
-    return messages
+    return _with_tools(messages, tools) if tools is not None else messages
 
 
 def prompt_text(raw: RawPrompt, tokenizer, apply_chat_template: bool = True,
-                system_prompt: str | None = None, prompt_key: str = "prompt") -> str:
+                system_prompt: str | None = None, prompt_key: str = "prompt",
+                tools: ToolPrompt | None = None) -> str:
     """The text the model sees for one prompt.
 
     With ``apply_chat_template``: the tokenizer's chat template over the messages
@@ -196,8 +223,11 @@ def prompt_text(raw: RawPrompt, tokenizer, apply_chat_template: bool = True,
     string itself (``system_prompt`` and a blank line before it).
     """
     if apply_chat_template:
-        return tokenizer.apply_chat_template(_messages(raw, prompt_key, system_prompt),
+        return tokenizer.apply_chat_template(_messages(raw, prompt_key, system_prompt, tools),
                                              add_generation_prompt=True, tokenize=False)
+    if tools is not None:
+        raise ValueError("megatron_training.prompt_type=qwen_retool needs the chat template: "
+                         "set apply_chat_template true")
     if not isinstance(raw.prompt, str):
         raise ValueError(f"row {raw.source_row} of {raw.source_file} holds chat messages but "
                          "apply_chat_template is false; enable it or store plain-text prompts")
@@ -215,7 +245,8 @@ def check_chat_template(tokenizer) -> None:
 
 def tokenize_prompts(rows: Sequence[RawPrompt], tokenizer, apply_chat_template: bool = True,
                      system_prompt: str | None = None, prompt_key: str = "prompt",
-                     progress: bool = False) -> Iterator[tuple[list[int], str]]:
+                     progress: bool = False, tools: ToolPrompt | None = None
+                     ) -> Iterator[tuple[list[int], str]]:
     """(prompt token ids, prompt text) for each row, in order.
 
     Pre-tokenized rows pass through. The text is rendered first and then encoded
@@ -237,7 +268,8 @@ def tokenize_prompts(rows: Sequence[RawPrompt], tokenizer, apply_chat_template: 
     for start in range(0, len(rows), _TOKENIZE_CHUNK):
         chunk = rows[start:start + _TOKENIZE_CHUNK]
         texts = [r.prompt_text if r.prompt_ids is not None
-                 else prompt_text(r, tokenizer, apply_chat_template, system_prompt, prompt_key)
+                 else prompt_text(r, tokenizer, apply_chat_template, system_prompt, prompt_key,
+                                  tools)
                  for r in chunk]
         to_encode = [t for r, t in zip(chunk, texts) if r.prompt_ids is None]
         encoded = iter(tokenizer(to_encode, add_special_tokens=not apply_chat_template)["input_ids"]
@@ -260,7 +292,8 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
                         prompt_key: str = "prompt", answer_key: str | None = "answer",
                         apply_chat_template: bool = True, system_prompt: str | None = None,
                         seed: int = 1234, shuffle: bool = True,
-                        data_path_key: str = "megatron_training.data_path") -> PromptDataset:
+                        data_path_key: str = "megatron_training.data_path",
+                        tools: ToolPrompt | None = None) -> PromptDataset:
     """Read, template, tokenize and length-filter the prompts of ``path``.
 
     path: a .jsonl/.json/.parquet file or a directory of them (module docstring).
@@ -270,6 +303,7 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
     seed, shuffle: the data order (``PromptDataset``).
     data_path_key: the config key named in the file errors
       (e.g. ``megatron_training.test_data_path`` for the test set).
+    tools: the tool description of ``prompt_type: qwen_retool`` (:class:`ToolPrompt`).
     """
     rows = read_prompt_rows(path, prompt_key, answer_key, data_path_key)
     if not rows:
@@ -283,7 +317,8 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
     items: list[PromptItem] = []
     num_dropped = 0
     for raw, (ids, text) in zip(rows, tokenize_prompts(rows, tokenizer, apply_chat_template,
-                                                        system_prompt, prompt_key)):
+                                                        system_prompt, prompt_key,
+                                                        tools=tools)):
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             num_dropped += 1
             continue

@@ -182,10 +182,12 @@ class PolicyObjective:
         """The step's statistics over every DP rank: the loss terms per unit of the
         aggregation, the rest per token."""
         totals = reduce_sums_once_per_dp_rank(self.sums, _STAT_KEYS)
-        tokens, units = max(totals.pop("tokens"), 1.0), max(totals.pop("units"), 1.0)
+        loss_tokens = totals.pop("tokens")
+        tokens, units = max(loss_tokens, 1.0), max(totals.pop("units"), 1.0)
         off_tokens = totals.pop("off_policy_tokens")
         off_weights = totals.pop("off_policy_is_weight")
         stats = {k: v / (units if k in _PER_UNIT else tokens) for k, v in totals.items()}
+        stats["loss_tokens"] = loss_tokens  # the response tokens the loss covered (all DP ranks)
         stats["rollout_logprob_abs_diff_max"] = max_over_world(float(self.max_diff))
         if getattr(self.rl, "partial_rollout_max_split", 1) > 1:  # off-policy tokens of a partial rollout
             stats["off_policy_token_fraction"] = off_tokens / tokens

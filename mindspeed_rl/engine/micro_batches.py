@@ -31,7 +31,11 @@ import torch
 
 from mindspeed_rl.config.plan import MicroBatching
 
-__all__ = ["MicroBatch", "MicroBatching", "RowBatch", "build_micro_batch", "make_micro_batches",
+# A per-token row extra of 1s and 0s: the response tokens the loss covers (multi-turn's
+# ``response_mask`` column); the micro-batch's ``mask`` is 0 where it is 0.
+LOSS_MASK = "response_mask"
+
+__all__ = ["LOSS_MASK", "MicroBatch", "MicroBatching", "RowBatch", "build_micro_batch", "make_micro_batches",
            "min_micro_batches", "plan_micro_batches"]
 
 @dataclass
@@ -66,7 +70,7 @@ class MicroBatch:
     positions: torch.Tensor  # [b, S] (packed: restarting at 0 for every row)
     response_index: torch.Tensor  # [b, R] position whose output predicts response token t
     response_ids: torch.Tensor  # [b, R]
-    mask: torch.Tensor  # [b, R] float, 1 on real response tokens
+    mask: torch.Tensor  # [b, R] float, 1 on real response tokens the loss covers
     extras: dict[str, torch.Tensor]  # [b, R] (per token) or [b, 1] broadcast to [b, R]
     num_real_rows: int
     rows: list[int]  # indices into the RowBatch, in layout order
@@ -261,10 +265,12 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
     if packed:
         # Padding after the last row (pad_multiple) restarts its own positions.
         positions[0, offset:] = torch.arange(S - offset)
+    if LOSS_MASK in extras:  # multi-turn: tool responses and template glue are not the model's
+        mask = mask * extras.pop(LOSS_MASK)
     segments = ([p + r for p, r in zip(plen, rlen)] + ([S - real] if S > real else [])
                 if packed else None)
     return MicroBatch(tokens, positions, response_index, response_ids, mask, extras, len(rows),
-                      rows, spans, segments, list(zip(plen, rlen)), num_tokens=sum(rlen),
+                      rows, spans, segments, list(zip(plen, rlen)), num_tokens=int(mask.sum()),
                       real_tokens=real,
                       computed_tokens=b * S)
 

@@ -17,6 +17,7 @@ In a job every call runs in a worker process with a time limit
 from mindspeed_rl.rewards import final_answer, math_verify_reward, mindspeed_rl_verifiers  # noqa: F401
 from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_final_number,
                                                has_final_answer_format)
+from mindspeed_rl.rewards.mindspeed_rl_verifiers import retool_call_bonus
 from mindspeed_rl.rewards.pool import RewardLimits, RewardPool, RewardPoolError, reward_pool_for
 from mindspeed_rl.rewards.registry import (NonFiniteRewardError, check_finite_scores,
                                            compute_rewards, get_verifier, register_verifier,
@@ -25,5 +26,5 @@ from mindspeed_rl.rewards.registry import (NonFiniteRewardError, check_finite_sc
 __all__ = [
     "NonFiniteRewardError", "check_finite_scores", "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",
     "has_final_answer_format", "register_verifier", "registered_verifiers", "RewardLimits",
-    "RewardPool", "RewardPoolError", "reward_pool_for",
+    "RewardPool", "RewardPoolError", "retool_call_bonus", "reward_pool_for",
 ]

@@ -210,6 +210,14 @@ def retool_reward(response: str, answer: str) -> float:
     return 1.0 if _last_box(response[-100:]) == str(answer) else -1.0
 
 
+def retool_call_bonus(scores, tool_calls):
+    """MindSpeed-RL's retool_reward with multi-turn on: a negative score gains 0.1 per tool
+    call the trajectory made, up to 0 (calling the tool beats not trying); tensors in, out."""
+    import torch
+
+    return torch.where(scores < 0, torch.clamp(scores + 0.1 * tool_calls, max=0.0), scores)
+
+
 @register_verifier("acc", failed_score=-1.0)
 def acc(response: str, answer: str) -> float:
     """1.0 right, -0.5 wrong, -1.0 without a boxed answer (see the module table)."""

@@ -46,6 +46,7 @@ _FORWARDS = ("reward_model", "values", "old_log_p", "reference_model")
 # A partial rollout (rollout.py's continuation) reads back the unfinished rows it wrote.
 _R = ("rollout",)
 PARTIAL_ROLLOUT = "partial_rollout"  # rl_config.partial_rollout_max_split > 1
+MULTI_TURN = "multi_turn"  # rl_config.multi_turn_enable
 COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("prompt_ids", torch.int64, "[P]", _R,
            _R + _FORWARDS + ("critic_update", "update"), "prompt token ids"),
@@ -58,6 +59,11 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("token_versions", torch.int64, "[R]", _R, _R + ("update",),
            "partial rollout: the weight version that generated each response token (a "
            "response continued across iterations mixes versions)", PARTIAL_ROLLOUT),
+    Column("response_mask", torch.int64, "[R]", _R, ("update",),
+           "multi-turn: 1 on the model's own tokens, 0 on tool responses and template glue "
+           "(the loss, its token counts, KL and entropy cover only the 1s)", MULTI_TURN),
+    Column("tool_calls", torch.int64, "[]", _R, ("reward",),
+           "multi-turn: tool calls the trajectory made (retool_reward's bonus)", MULTI_TURN),
     Column("prompt_index", torch.int64, "[]", _R, _R + ("reward",),
            "the prompt's index in the training dataset (its gold answer for the verifiers)"),
     Column("finish_reason", torch.int64, "[]", _R, _R + ("reward",),

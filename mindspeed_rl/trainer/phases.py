@@ -21,44 +21,17 @@ from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.config import phase_names as names
-from mindspeed_rl.rewards import check_finite_scores, compute_rewards
+from mindspeed_rl.config.checks import response_limit
+from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_call_bonus
 from mindspeed_rl.engine.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.multi_turn import multi_turn_rollout
 from mindspeed_rl.trainer.partial_rollout import partial_rollout
+from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
 from mindspeed_rl.engine.critic import forward_scores, forward_values
 from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
-
-# ---------------------------------------------------------------------------------------
-# reductions for metrics
-# ---------------------------------------------------------------------------------------
-
-
-def global_stats(name: str, values: list[float], counted: bool) -> dict[str, float]:
-    """``{name/mean, name/min, name/max}`` over every rank's ``values`` (a rank whose
-    values duplicate a peer's passes ``counted=False``)."""
-    own = values if counted else []
-    t = torch.tensor([sum(own), len(own), -min(own, default=math.inf),
-                      max(own, default=-math.inf)], dtype=torch.float64)
-    sums, extremes = t[:2].clone(), t[2:].clone()
-    dist.all_reduce(sums)
-    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-    return {f"{name}/mean": sums[0].item() / max(sums[1].item(), 1),
-            f"{name}/min": -extremes[0].item(), f"{name}/max": extremes[1].item()}
-
-
-def global_sums(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def counts_in_train_layout() -> bool:
-    """Whether this rank speaks for its training DP rank (TP/PP peers hold copies)."""
-    from megatron.core import parallel_state as ps
-
-    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
 
 
 def _mean_of_steps(steps: list[dict[str, float]], prefix: str) -> dict[str, float]:
@@ -90,9 +63,12 @@ def rollout(ctx: PhaseContext) -> dict[str, float]:
     """Sample n responses per prompt of this generation-DP rank's share of the batch; the
     first rank of each vLLM instance puts the rows (all samples of a prompt together).
     With ``partial_rollout_max_split`` > 1: passes over carried and fresh rows until the
-    batch's groups are finished (``partial_rollout.py``)."""
+    batch's groups are finished (``partial_rollout.py``); with ``multi_turn_enable``: the
+    agent loop, tools between the model's turns (``multi_turn.py``)."""
     if ctx.rl.partial_rollout_max_split > 1:
         return partial_rollout(ctx)
+    if ctx.rl.multi_turn_enable:
+        return multi_turn_rollout(ctx)
     b, n, mt = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.config.megatron_training
     me = ctx.ranks
     indices = ctx.train_data.next_indices(b.prompts_per_generation_round)
@@ -155,6 +131,8 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
     columns = ["response_ids", "prompt_index", "finish_reason"]
     if ctx.roles.reward_model is not None:
         columns.append("rm_scores")
+    if ctx.flow.carries("tool_calls"):
+        columns.append("tool_calls")
     batch = ctx.flow.get(columns, ctx.batch.responses_per_generation_dp_rank, "gen_writers")
     totals, per_verifier, truncated, overlong = [], {}, [], []
     if batch is not None:
@@ -166,6 +144,8 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
         total, per_verifier = compute_rewards(texts, answers, rl.verifier_function,
                                               rl.verifier_weight, row_labels=rows,
                                               pool=ctx.reward_pool)
+        if "tool_calls" in columns and "retool_reward" in rl.verifier_function:
+            total = total + _retool_call_bonus(per_verifier, batch["tool_calls"], rl)
         if "rm_scores" in columns:
             rm_scores = torch.stack(batch["rm_scores"])
             check_finite_scores(rm_scores, "the reward model", "check its weights "
@@ -174,7 +154,7 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
             penalty = overlong_penalty(
                 torch.tensor([len(r) for r in batch["response_ids"]]),
-                ctx.config.sampling_config.max_tokens, rl.overlong_buffer_len,
+                response_limit(ctx.config), rl.overlong_buffer_len,
                 rl.overlong_penalty_factor)
             total, overlong = total + penalty, penalty.tolist()
         totals = total.tolist()
@@ -201,6 +181,15 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
     if rl.overlong_buffer_len:
         metrics["reward/overlong_penalty"] = global_stats("p", overlong, writer)["p/mean"]
     return metrics
+
+
+def _retool_call_bonus(per_verifier: dict, tool_calls: list, rl) -> torch.Tensor:
+    """MindSpeed-RL's retool_reward: a wrong answer gains 0.1 per tool call, up to 0; the
+    verifier's scores are updated in place, the weighted change is returned."""
+    scores = per_verifier["retool_reward"]
+    bonused = retool_call_bonus(scores, torch.stack(tool_calls).float())
+    per_verifier["retool_reward"] = bonused
+    return rl.verifier_weight[rl.verifier_function.index("retool_reward")] * (bonused - scores)
 
 
 def dynamic_sampling(ctx: PhaseContext) -> dict[str, float]:
@@ -431,6 +420,8 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
     if ctx.it.iteration <= rl.critic_warmup:
         return {}
     extras = ["advantages", "logprobs_rollout", "weight_version"]
+    if ctx.flow.carries("response_mask"):  # multi-turn: the loss covers the model's tokens
+        extras.append("response_mask")
     if ctx.flow.carries("logprobs_old"):  # else on-policy: the update's own, detached
         extras.append("logprobs_old")
     partial = rl.partial_rollout_max_split > 1
@@ -452,7 +443,7 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
             steps.append(actor.update(
                 rows, b.micro_batching[names.UPDATE], rl,
                 kl_coef=kl_coef, vocab_size=ctx.vocab_size,
-                norm_length=ctx.config.sampling_config.max_tokens,
+                norm_length=response_limit(ctx.config),
                 temperature=ctx.temperature))
     metrics = _mean_of_steps(steps, "actor")
     if partial:

@@ -80,6 +80,7 @@ class Roles:
     reward_model: torch.nn.Module | None = None
     reward_model_swap: RoleSwap | None = None
     reference_source: object = None  # weight_source.WeightSource of the reference
+    agent: object = None  # multi_turn.Agent: the tool pool of multi-turn rollouts (lazily)
 
     @property
     def trainables(self) -> dict:
@@ -95,6 +96,8 @@ class Roles:
             yield self.trainables
 
     def shutdown(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
         self.rollout.shutdown()
 
 

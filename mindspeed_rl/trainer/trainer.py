@@ -28,7 +28,7 @@ from mindspeed_rl.rewards import compute_rewards, reward_pool_for
 from mindspeed_rl.trainer.context import (BoundFlow, IterationState, PhaseContext, Ranks,
                                           TrainerState)
 from mindspeed_rl.trainer.flow import SampleFlow
-from mindspeed_rl.trainer.phases import global_sums
+from mindspeed_rl.trainer.reductions import global_sums
 from mindspeed_rl.trainer.recipes import phases_of, split_rounds
 
 
@@ -164,6 +164,7 @@ class RLTrainer:
                     self._saved_at = iteration
         metrics.update(self.timers.pop())
         metrics.update(self._throughput(metrics))
+        metrics.update(self._training_state_bytes())
         self.logger.log(iteration, metrics)
         return metrics
 
@@ -190,6 +191,18 @@ class RLTrainer:
         with open(os.path.join(folder, f"rank{self.rank}.jsonl"), "a") as f:
             f.write(json.dumps({"iteration": iteration, "rows": trace}) + "\n")
 
+    def _training_state_bytes(self) -> dict[str, float]:
+        """The actor's params, grads and optimizer state on the heaviest rank (resident after
+        the update; LoRA trains adapters only: small grads and optimizer state)."""
+        from mindspeed_rl.resharding.swap import TRAIN_GRAD, TRAIN_OPTIMIZER, TRAIN_PARAM
+
+        swapper = self.roles.resharder.swapper
+        sizes = torch.tensor([float(swapper.nbytes(r)) for r in (TRAIN_PARAM, TRAIN_GRAD,
+                                                                  TRAIN_OPTIMIZER)])
+        dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+        return {f"memory/actor_{k}_bytes": v for k, v in zip(("params", "grads", "optimizer"),
+                                                              sizes.tolist())}
+
     def _throughput(self, m: dict[str, float]) -> dict[str, float]:
         dock = self.flow.dock.metrics
         out = {
@@ -206,8 +219,10 @@ class RLTrainer:
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the test prompts (the first verifier's score)."""
-        mt, rl = self.config.megatron_training, self.config.rl_config
+        """Greedy accuracy on the test prompts (the first verifier's score; a verifier that
+        scores wrong answers below 0 counts them as 0). With multi-turn rollouts: with the
+        tools (the agent loop) and without them (one turn), and the tool-call rate."""
+        mt = self.config.megatron_training
         items = list(self.test_data)[: mt.num_test_prompts or len(self.test_data)]
         mine = items[self.ranks.gen_dp_rank::self.plan.layout.infer_data_parallel_size]
         self.roles.resharder.to_infer()
@@ -218,16 +233,40 @@ class RLTrainer:
             result = self.roles.rollout.generate([p.prompt_ids for p in mine], 1, greedy)
             texts = [self.tokenizer.decode(g[0].token_ids, skip_special_tokens=True)
                      for g in result.completions]
+        metrics = {"eval/accuracy": self._accuracy(mine, texts)}
+        if self.config.rl_config.multi_turn_enable:  # the policy as it trains: with its tools
+            metrics = {"eval/accuracy_without_tools": metrics["eval/accuracy"],
+                       **self._evaluate_with_tools(mine, greedy)}
         self.roles.resharder.to_train()
-        scores = []
-        if mine and rl.verifier_function:
-            _, per = compute_rewards(texts, [p.answer for p in mine], rl.verifier_function[:1],
-                                     [1.0], pool=self.reward_pool)
-            scores = per[rl.verifier_function[0]].tolist()
         own = self.ranks.is_gen_writer  # TP_g peers generated the same texts
-        total, count = global_sums([sum(scores) if own else 0.0, len(scores) if own else 0.0])
+        count = global_sums([len(mine) if own else 0.0])[0]
         self.last_eval_samples = list(zip([p.prompt_text for p in mine], texts))[:3]
-        return {"eval/accuracy": total / max(count, 1.0), "eval/num_prompts": count}
+        return {**metrics, "eval/num_prompts": count}
+
+    def _accuracy(self, items, texts) -> float:
+        rl = self.config.rl_config
+        scores = []
+        if items and rl.verifier_function:
+            _, per = compute_rewards(texts, [p.answer for p in items], rl.verifier_function[:1],
+                                     [1.0], pool=self.reward_pool)
+            scores = per[rl.verifier_function[0]].clamp(min=0.0).tolist()
+        own = self.ranks.is_gen_writer
+        total, count = global_sums([sum(scores) if own else 0.0, len(scores) if own else 0.0])
+        return total / max(count, 1.0)
+
+    def _evaluate_with_tools(self, items, greedy) -> dict[str, float]:
+        from mindspeed_rl.trainer.multi_turn import agent_of, run_trajectories
+
+        agent = agent_of(self.roles, self.config, self.tokenizer, self.world)
+        trajectories, _ = run_trajectories(agent, self.roles.rollout, self.tokenizer,
+                                           [p.prompt_ids for p in items], 1, greedy,
+                                           [0] * len(items))
+        texts = [self.tokenizer.decode(t.tokens, skip_special_tokens=True) for t in trajectories]
+        own = self.ranks.is_gen_writer
+        calls, count = global_sums([sum(float(t.tool_calls > 0) for t in trajectories)
+                                    if own else 0.0, len(trajectories) if own else 0.0])
+        return {"eval/accuracy": self._accuracy(items, texts),
+                "eval/tool_call_rate": calls / max(count, 1.0)}
 
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -297,35 +336,50 @@ def _datasets(config, tokenizer):
     from mindspeed_rl.data import load_prompt_dataset
 
     mt, rl = config.megatron_training, config.rl_config
+    tools = _tool_prompt(config)
     train = load_prompt_dataset(mt.data_path, tokenizer, rl.max_prompt_length,
                                 prompt_key=mt.prompt_key, answer_key=mt.answer_key, seed=mt.seed,
-                                shuffle=not mt.no_shuffle)
+                                shuffle=not mt.no_shuffle, tools=tools)
     test = None
     if mt.test_data_path:
         test = load_prompt_dataset(mt.test_data_path, tokenizer, rl.max_prompt_length,
                                    prompt_key=mt.prompt_key, answer_key=mt.answer_key,
                                    seed=mt.seed, shuffle=False,
-                                   data_path_key="megatron_training.test_data_path")
+                                   data_path_key="megatron_training.test_data_path", tools=tools)
     return train, test
+
+
+def _tool_prompt(config):
+    """``prompt_type: qwen_retool``: the tools of ``rl_config.tool_config_path`` described in
+    the system message (hermes), or None."""
+    from mindspeed_rl.data import ToolPrompt
+    from mindspeed_rl.tools.config import load_tool_config, tool_system_prompt
+
+    path = config.rl_config.tool_config_path
+    if config.megatron_training.prompt_type != "qwen_retool" or path is None:
+        return None
+    return ToolPrompt(tool_system_prompt(load_tool_config(path)))
 
 
 def _sample_flow(rl, phases, layout) -> SampleFlow:
     """The TransferDock of ``rl_config.transfer_dock_mode`` seen through the column contract
     of the algorithm's phases."""
-    from mindspeed_rl.trainer.columns import PARTIAL_ROLLOUT
+    from mindspeed_rl.trainer.columns import MULTI_TURN, PARTIAL_ROLLOUT
     from mindspeed_rl.transfer_dock import build_transfer_dock
 
     dock = build_transfer_dock(rl.transfer_dock_mode,
                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s)
+    features = ((PARTIAL_ROLLOUT,) if rl.partial_rollout_max_split > 1 else ()) + \
+        ((MULTI_TURN,) if rl.multi_turn_enable else ())
     return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow,
-                      features=(PARTIAL_ROLLOUT,) if rl.partial_rollout_max_split > 1 else ())
+                      features=features)
 
 
 def _efficiency(config, platform, model):
     """perf/padding_efficiency, perf/mfu per phase (measures the matmul peak;
     docs/metrics.md)."""
     from mindspeed_rl.engine.efficiency import PhaseEfficiency
-    from mindspeed_rl.trainer.phases import counts_in_train_layout
+    from mindspeed_rl.trainer.reductions import counts_in_train_layout
 
     return PhaseEfficiency(config.model, counted=counts_in_train_layout(),
                            device=platform.device(), dtype=model.config.params_dtype)

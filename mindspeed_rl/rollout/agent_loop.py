@@ -1,0 +1,240 @@
+"""Multi-turn rollouts with tools (MindSpeed-RL's ReTool): the agent loop of one rank.
+
+Every trajectory of the rank advances together, one batched generation per turn:
+
+1. generate until the model ends its turn (or the token budget ends);
+2. parse the turn's tool calls (``rl_config.tool_parser_format``, hermes:
+   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``);
+3. run at most ``max_parallel_calls`` of them per trajectory, every trajectory's calls
+   at once in the tool pool (``mindspeed_rl.tools``);
+4. append the tool responses as tool messages through the model's chat template
+   (:class:`ToolTurnTemplate`) and continue; a trajectory without calls, out of calls
+   (``max_tool_calls``) or out of tokens (``max_total_response_length``) leaves the batch.
+
+The trajectory is kept as token ids: the model's own tokens are appended exactly as the
+engine sampled them (never decoded and re-encoded), the template glue and the tool
+responses are encoded once, so the prompt + response the trainer sees is exactly what
+the engine saw. ``mask`` is 1 on the model's tokens and 0 on the rest; the rollout
+log-probs of the other tokens are 0 (they are not the policy's samples).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from mindspeed_rl.tools.parser import ParseResult, parse_hermes, truncate
+
+_MARK = "\u2063MSRL-CONTENT\u2063"  # a probe message's content: found back in the rendered text
+
+
+class TemplateError(ValueError):
+    """A chat template that cannot carry a multi-turn trajectory token-exactly."""
+
+
+class ToolTurnTemplate:
+    """The token ids that follow a model turn that called tools.
+
+    Rendered by the tokenizer's chat template on a probe conversation: the template's
+    glue after the model's end-of-turn token (e.g. ChatML's ``\\n`` after
+    ``<|im_end|>``), the tool responses as ``tool`` messages (however the template
+    writes them: Qwen2.5 wraps them in ``<tool_response>`` inside a user turn), and the
+    next assistant generation prompt. The template must be prefix-stable: appending the
+    tool messages must not re-render the turns before them.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._closed = self._render(self._probe(), add_generation_prompt=False)
+        after = self._closed[self._closed.rindex(_MARK) + len(_MARK):]
+        self.turn_end = after  # what the template writes after an assistant message
+        eos = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None \
+            else None
+        # The model's turn ends with its EOS token; what the template writes after it is glue.
+        self.glue = after[len(eos):] if eos and after.startswith(eos) else after
+        self._check_prefix_stable()
+
+    @staticmethod
+    def _probe() -> list[dict]:
+        return [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def _check_prefix_stable(self) -> None:
+        full = self._render(self._probe() + [{"role": "tool", "content": "r"}], True)
+        if not full.startswith(self._closed):
+            name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+            raise TemplateError(
+                f"the chat template of {name} re-renders the earlier turns when a tool message "
+                "follows (the conversation is not a prefix of its continuation), so the tokens "
+                "the model saw could not be the tokens the trainer sees; use a tokenizer whose "
+                "template appends turns (ChatML, Qwen2.5)")
+
+    def text(self, responses: Sequence[str], ended_with_eos: bool = True) -> str:
+        """The text after a model turn: the template's end of the turn (only the glue when
+        the model's last token was its EOS), the tool responses, the next generation
+        prompt."""
+        full = self._render(self._probe() + [{"role": "tool", "content": r} for r in responses],
+                            add_generation_prompt=True)
+        return (self.glue if ended_with_eos else self.turn_end) + full[len(self._closed):]
+
+    def ids(self, responses: Sequence[str], ended_with_eos: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(self.text(responses, ended_with_eos),
+                                          add_special_tokens=False))
+
+
+@dataclass
+class Trajectory:
+    """One sample's conversation after its prompt, as token ids."""
+
+    prompt: list[int]
+    seed: int
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)       # 1: the model's token
+    logprobs: list[float] = field(default_factory=list)  # 0 on tool / template tokens
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    finish_reason: str = "stop"  # of its last model turn, or "length" at the token budget
+    done: bool = False
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.mask)
+
+    def add_model_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        self.tokens += list(token_ids)
+        self.mask += [1] * len(token_ids)
+        self.logprobs += list(logprobs)
+        self.turns += 1
+
+    def add_tool_turn(self, token_ids: Sequence[int]) -> None:
+        self.tokens += list(token_ids)
+        self.mask += [0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """The ``rl_config`` keys of the loop."""
+
+    max_tool_calls: int
+    max_parallel_calls: int
+    max_total_response_length: int
+    max_tool_response_length: int
+    tool_response_truncate_side: str
+
+    @classmethod
+    def from_config(cls, rl, max_tokens: int) -> "AgentLimits":
+        return cls(rl.max_tool_calls, rl.max_parallel_calls,
+                   rl.max_total_response_length or max_tokens, rl.max_tool_response_length,
+                   rl.tool_response_truncate_side)
+
+
+def tool_parser(name: str) -> Callable[[str], ParseResult]:
+    """``hermes``, or ``package.module:function`` (your own format: text -> ParseResult)."""
+    if name == "hermes":
+        return parse_hermes
+    module, _, attr = name.partition(":")
+    if not attr:
+        raise ValueError(f"rl_config.tool_parser_format={name!r}: use hermes, or "
+                         "package.module:function for a parser of your own")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass
+class TurnStats:
+    """What the loop did, for the rollout phase's metrics."""
+
+    tool_seconds: float = 0.0
+
+
+def run_agent_loop(generate, trajectories: list[Trajectory], *, pool, template: ToolTurnTemplate,
+                   parse: Callable[[str], ParseResult], limits: AgentLimits, decode,
+                   max_tokens: int, eos_token_id: int | None) -> TurnStats:
+    """Advance ``trajectories`` (each with its prompt) until every one is done.
+
+    ``generate(prompts, seeds, budgets)`` runs one batched turn (token ids in; per prompt
+    a completion with ``token_ids``, ``logprobs``, ``finish_reason``); ``pool.run``
+    runs tool calls; ``decode`` turns a model turn's ids into the text the parser reads.
+    """
+    stats = TurnStats()
+    while True:
+        active = [t for t in trajectories if not t.done]
+        if not active:
+            return stats
+        budgets = [min(max_tokens, limits.max_total_response_length - len(t.tokens))
+                   for t in active]
+        seeds = [(t.seed + 7919 * t.turns) % 2**31 for t in active]
+        completions = generate([t.prompt + t.tokens for t in active], seeds, budgets)
+        pending: list[tuple[Trajectory, ParseResult]] = []
+        for t, c in zip(active, completions):
+            t.add_model_turn(c.token_ids, c.logprobs)
+            # A turn cut at max_tokens still runs the calls it wrote (as MindSpeed-RL and
+            # verl do); the template then closes the turn itself (glue, mask 0).
+            t.finish_reason = c.finish_reason or "length"
+            if len(t.tokens) >= limits.max_total_response_length:
+                t.done, t.finish_reason = True, "length"
+                continue
+            parsed = parse(decode(c.token_ids)) if t.tool_calls < limits.max_tool_calls \
+                else ParseResult([], [])
+            if not parsed.calls and not parsed.errors:
+                t.done = True
+                continue
+            pending.append((t, parsed))
+        if pending:
+            started = time.monotonic()
+            _run_tools(pending, pool, template, limits, eos_token_id)
+            stats.tool_seconds += time.monotonic() - started
+
+
+def _run_tools(pending, pool, template: ToolTurnTemplate, limits: AgentLimits,
+               eos_token_id: int | None) -> None:
+    """Run every pending trajectory's calls in one pool batch and append the responses."""
+    calls, owners = [], []
+    for k, (t, parsed) in enumerate(pending):
+        room = limits.max_tool_calls - t.tool_calls
+        for call in parsed.calls[:min(limits.max_parallel_calls, room)]:
+            calls.append((k, call))
+    results = pool.run(calls) if calls else []
+    responses: list[list[str]] = [[] for _ in pending]
+    for (k, _), result in zip(calls, results):
+        t = pending[k][0]
+        t.tool_calls += 1
+        t.tool_errors += int(result.error)
+        t.tool_timeouts += int(result.timed_out)
+        responses[k].append(result.text)
+    for k, (t, parsed) in enumerate(pending):
+        room = limits.max_tool_calls - t.tool_calls
+        for error in parsed.errors[:max(0, min(limits.max_parallel_calls - len(responses[k]),
+                                                room))]:
+            t.tool_calls += 1   # a malformed call spends a call: the loop always ends
+            t.tool_errors += 1
+            responses[k].append(error)
+        if not responses[k]:
+            t.done = True
+            continue
+        kept = [truncate(r, limits.max_tool_response_length,
+                         limits.tool_response_truncate_side) for r in responses[k]]
+        ids = template.ids(kept, ended_with_eos=bool(t.tokens) and t.tokens[-1] == eos_token_id)
+        if len(t.tokens) + len(ids) >= limits.max_total_response_length:
+            # No room for the responses and a next turn: the trajectory ends on its call.
+            t.done, t.finish_reason = True, "length"
+            continue
+        t.add_tool_turn(ids)
+
+
+def trajectories_for(prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[int]
+                     ) -> list[Trajectory]:
+    """``n`` trajectories per prompt (all samples of a prompt together), each with its seed."""
+    return [Trajectory(prompt=list(p), seed=(s * 1_000_003 + j * 104_729) % 2**31)
+            for p, s in zip(prompts, seeds) for j in range(n)]
+
+
+__all__ = ["AgentLimits", "TemplateError", "ToolTurnTemplate", "Trajectory", "TurnStats",
+           "run_agent_loop", "tool_parser", "trajectories_for"]

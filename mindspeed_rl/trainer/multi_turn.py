@@ -1,0 +1,169 @@
+"""The rollout phase with tools (``rl_config.multi_turn_enable``, docs/multi_turn.md).
+
+Each generation-DP rank runs the agent loop (``mindspeed_rl.rollout.agent_loop``) over
+the n trajectories of each of its prompts; the first rank of each vLLM instance puts the
+rows, with ``response_mask`` (1 on the model's tokens) and ``tool_calls``. Tool calls
+run on every rank of an instance alike would run them twice, so with
+``infer_tensor_parallel_size`` > 1 the instance's first rank runs them and broadcasts
+the results (the engine's collective generate needs every rank's prompts equal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mindspeed_rl.data import slice_per_dp_rank
+from mindspeed_rl.rollout.agent_loop import (AgentLimits, ToolTurnTemplate, run_agent_loop,
+                                             tool_parser, trajectories_for)
+from mindspeed_rl.trainer.columns import FINISH_REASONS
+from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.reductions import global_stats, global_sums
+
+
+@dataclass
+class Agent:
+    """What the loop needs beyond the engine, built once per run (``Roles.agent``)."""
+
+    pool: "_InstancePool"
+    template: ToolTurnTemplate
+    parse: object
+    limits: AgentLimits
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def build_agent(config, tokenizer, world: int) -> Agent:
+    from mindspeed_rl.tools.config import load_tool_config
+    from mindspeed_rl.tools.pool import ToolPool
+
+    rl = config.rl_config
+    pool = _InstancePool(ToolPool(load_tool_config(rl.tool_config_path)),
+                         config.generate_config.infer_tensor_parallel_size, world)
+    return Agent(pool, ToolTurnTemplate(tokenizer),
+                 tool_parser(rl.tool_parser_format),
+                 AgentLimits.from_config(rl, config.sampling_config.max_tokens))
+
+
+def run_trajectories(agent: Agent, engine, tokenizer, prompts, n: int, sampling, seeds):
+    """(n trajectories per prompt, the loop's stats): the agent loop on ``engine``."""
+    trajectories = trajectories_for(prompts, n, seeds)
+
+    def generate(token_prompts, turn_seeds, budgets):
+        result = engine.generate(token_prompts, 1, sampling, seeds=turn_seeds,
+                                 max_tokens=budgets, use_tqdm=False)
+        return [group[0] for group in result.completions]
+
+    stats = run_agent_loop(generate, trajectories, pool=agent.pool, template=agent.template,
+                           parse=agent.parse, limits=agent.limits, decode=tokenizer.decode,
+                           max_tokens=sampling.max_tokens, eos_token_id=tokenizer.eos_token_id)
+    return trajectories, stats
+
+
+def agent_of(roles, config, tokenizer, world: int) -> Agent:
+    """The run's agent, built at its first use (every rank at once: the groups of the tool
+    pool's instances are created collectively)."""
+    if roles.agent is None:
+        roles.agent = build_agent(config, tokenizer, world)
+    return roles.agent
+
+
+def multi_turn_rollout(ctx: PhaseContext) -> dict[str, float]:
+    """n trajectories per prompt of this generation-DP rank's share, turn by turn."""
+    b, n, mt, me = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.config.megatron_training, ctx.ranks
+    agent = agent_of(ctx.roles, ctx.config, ctx.tokenizer, me.world)
+    indices = ctx.train_data.next_indices(b.prompts_per_generation_round)
+    mine = slice_per_dp_rank(indices, me.gen_dp_rank, ctx.plan.layout.infer_data_parallel_size)
+    first = me.gen_dp_rank * len(mine)
+    first_group = ctx.state.groups_generated + first
+    ctx.state.groups_generated += len(indices)
+    seeds = [(mt.seed * 1_000_003 + ctx.it.iteration * 10_007
+              + ctx.it.generation_round * 1_000_033 + first + i) % 2**31
+             for i in range(len(mine))]
+    prompts = [ctx.train_data[i].prompt_ids for i in mine]
+    trajectories, stats = run_trajectories(agent, ctx.roles.rollout, ctx.tokenizer, prompts, n,
+                                           ctx.config.sampling_config, seeds)
+    ctx.flow.put_rows(_columns(ctx, trajectories, mine, first_group) if me.is_gen_writer else {},
+                      group_size=n)
+    return _metrics(ctx, trajectories, prompts, stats.tool_seconds)
+
+
+def _columns(ctx: PhaseContext, trajectories, mine, first_group) -> dict[str, list]:
+    n = ctx.rl.n_samples_per_prompt
+    scalar = lambda values: [torch.tensor(v, dtype=torch.int64) for v in values]  # noqa: E731
+    return {
+        "prompt_ids": [torch.tensor(t.prompt) for t in trajectories],
+        "response_ids": [torch.tensor(t.tokens, dtype=torch.long) for t in trajectories],
+        "response_mask": [torch.tensor(t.mask, dtype=torch.int64) for t in trajectories],
+        "logprobs_rollout": [torch.tensor(t.logprobs, dtype=torch.float32) for t in trajectories],
+        "tool_calls": scalar(t.tool_calls for t in trajectories),
+        "prompt_index": scalar(i for i in mine for _ in range(n)),
+        "finish_reason": scalar(FINISH_REASONS.index(t.finish_reason) for t in trajectories),
+        "weight_version": scalar(ctx.roles.actor.weight_version for _ in trajectories),
+        "group_id": scalar(first_group + g for g in range(len(mine)) for _ in range(n)),
+        "sample_idx": scalar(j for _ in mine for j in range(n)),
+    }
+
+
+def _metrics(ctx, trajectories, prompts, tool_seconds) -> dict[str, float]:
+    """Turns and tool calls per trajectory, tool error / timeout rates, tool seconds and
+    the response tokens split into the model's and the rest (tools, template glue)."""
+    writer, n = ctx.ranks.is_gen_writer, ctx.rl.n_samples_per_prompt
+    own = trajectories if writer else []
+    stats = global_stats("response_length", [float(len(t.tokens)) for t in trajectories],
+                         writer)
+    for name, values in (("turns", [float(t.turns) for t in trajectories]),
+                         ("tool_calls", [float(t.tool_calls) for t in trajectories]),
+                         ("tool_call_rate", [float(t.tool_calls > 0) for t in trajectories])):
+        s = global_stats(name, values, writer)
+        stats[f"multi_turn/{name}"] = s[f"{name}/mean"]
+        if name != "tool_call_rate":
+            stats[f"multi_turn/{name}_max"] = s[f"{name}/max"]
+    model, total, calls, errors, timeouts, prompt_tokens, seconds = global_sums([
+        float(sum(t.model_tokens for t in own)), float(sum(len(t.tokens) for t in own)),
+        float(sum(t.tool_calls for t in own)), float(sum(t.tool_errors for t in own)),
+        float(sum(t.tool_timeouts for t in own)),
+        float(sum(len(p) for p in prompts) * n) if writer else 0.0,
+        tool_seconds if writer else 0.0])
+    stats.update({
+        "prompt_length/mean": prompt_tokens / ctx.batch.responses_per_iteration,
+        "tokens/response": total, "tokens/prompt": prompt_tokens,
+        "multi_turn/model_tokens": model, "multi_turn/tool_tokens": total - model,
+        "multi_turn/tool_error_rate": errors / max(calls, 1.0),
+        "multi_turn/tool_timeout_rate": timeouts / max(calls, 1.0),
+        # seconds the rank waited for tools, averaged over the vLLM instances
+        "timing/tools": seconds / ctx.plan.layout.infer_data_parallel_size,
+    })
+    return stats
+
+
+class _InstancePool:
+    """The tool pool as one vLLM instance sees it: its first rank runs the calls and the
+    other ranks of the instance receive the results (a gloo group per instance), so every
+    rank appends the same tokens; with infer_tensor_parallel_size 1 every rank is its own
+    instance and runs its calls itself."""
+
+    def __init__(self, pool, tp_g: int, world: int) -> None:
+        import torch.distributed as dist
+
+        self.pool, self.group = pool, None
+        if tp_g > 1:  # every rank creates every instance's group (a collective call)
+            rank = dist.get_rank()
+            for start in range(0, world, tp_g):
+                group = dist.new_group(list(range(start, start + tp_g)), backend="gloo")
+                if start <= rank < start + tp_g:
+                    self.group, self.src = group, start
+
+    def run(self, calls):
+        if self.group is None:
+            return self.pool.run(calls)
+        import torch.distributed as dist
+
+        results = [self.pool.run(calls) if dist.get_rank() == self.src else None]
+        dist.broadcast_object_list(results, src=self.src, group=self.group)
+        return results[0]
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,74 @@
+"""GRPO with multi-turn rollouts end to end: torchrun + pretrain_grpo.py, 2 ranks, a tiny
+model, the real code interpreter behind a scripted parser (tests/scripted_tools.py: a
+random model writes no tool calls), checkpoint and resume."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from torchrun_jobs import ROOT, run_job, training_rows
+
+from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
+from mindspeed_rl.models.tiny import make_tiny_hf_dir
+
+pytestmark = pytest.mark.slow
+
+CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
+TOOLS = ROOT / "configs" / "tools" / "code_interpreter.yaml"
+MULTI_TURN = [
+    "megatron_training.prompt_type=qwen_retool", "megatron_training.seq_length=1000",
+    "rl_config.multi_turn_enable=true", f"rl_config.tool_config_path={TOOLS}",
+    "rl_config.tool_parser_format=scripted_tools:every_turn", "rl_config.max_tool_calls=2",
+    "rl_config.max_total_response_length=112", "rl_config.max_tool_response_length=40",
+    "rl_config.max_prompt_length=1000", "generate_config.max_model_len=1120",
+    "generate_config.sampling_config.max_tokens=24",
+]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multi_turn")
+    train, _ = make_arithmetic_problems(64, 8, seed=0, max_operand=20, ops="+")
+    write_jsonl(train, root / "train.jsonl")
+    model = make_tiny_hf_dir("qwen2", root / "qwen2", max_position_embeddings=2048)
+    return {"root": root, "model": model, "data": root / "train.jsonl"}
+
+
+def launch(assets, run: str, *overrides: str):
+    tests = str(Path(__file__).parent)
+    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    return run_job(assets, run, *MULTI_TURN, *overrides, launcher="pretrain_grpo.py",
+                   config=CONFIG, env=env)
+
+
+def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
+    full_ckpt, part_ckpt = assets["root"] / "ckpt_full", assets["root"] / "ckpt_part"
+    _, rows = launch(assets, "full", "megatron_training.train_iters=3",
+                     f"actor_config.save={full_ckpt}")
+    train = training_rows(rows)
+    assert sorted(train) == [1, 2, 3]
+    for it, row in train.items():
+        # every trajectory called the (scripted) tool, at most max_tool_calls times
+        assert row["multi_turn/tool_call_rate"] == 1.0, it
+        assert 1.0 <= row["multi_turn/tool_calls"] <= 2.0 and row["multi_turn/turns"] >= 2.0
+        assert row["multi_turn/tool_error_rate"] == row["multi_turn/tool_timeout_rate"] == 0
+        assert row["multi_turn/tool_tokens"] > 0 and row["multi_turn/model_tokens"] > 0
+        # 4 prompts x 4 samples: every response token is the model's or not
+        assert row["response_length/mean"] * 16 == pytest.approx(
+            row["multi_turn/model_tokens"] + row["multi_turn/tool_tokens"])
+        # the update's loss covered exactly the model's tokens: 2 optimizer steps (mini-batch
+        # 2 of 4 prompts), each reporting its own token count
+        assert row["actor/loss_tokens"] * 2 == row["multi_turn/model_tokens"], it
+        assert row["response_length/max"] <= 112
+        assert row["timing/tools"] > 0
+    # stop after 2 iterations and resume: iteration 3 repeats the uninterrupted one exactly
+    launch(assets, "part", "megatron_training.train_iters=2", f"actor_config.save={part_ckpt}")
+    _, resumed = launch(assets, "part", "megatron_training.train_iters=3",
+                        f"actor_config.load={part_ckpt}", f"actor_config.save={part_ckpt}")
+    again = training_rows(resumed)
+    assert sorted(again) == [1, 2, 3]
+    for key in ("reward/mean", "multi_turn/model_tokens", "multi_turn/tool_tokens",
+                "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
+        assert again[3][key] == pytest.approx(train[3][key], rel=1e-5, abs=1e-7), key

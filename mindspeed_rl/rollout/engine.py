@@ -444,6 +444,12 @@ class RolloutEngine:
                 _refresh_cpu_kernels(worker.model_runner.model)
 
         self.llm.collective_rpc(reload)
+        # Cached prefix blocks hold keys and values of the old weights: a prompt that shares
+        # a prefix with an earlier one (a long system prompt, a partial response continued
+        # in a later iteration) would otherwise be generated from them.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight load "
+                               "(requests still running)")
 
     def weight_bytes(self) -> int:
         """Bytes of this rank's generation weights (its TP_g shard)."""

@@ -23,6 +23,11 @@ def test_estimate_warns_past_the_grace_window_and_names_the_fixes():
 def test_bytes_come_from_the_memory_plan_and_speeds_are_measured(tmp_path):
     assert checkpoint_bytes_per_rank({"actor_params": 2, "actor_optimizer": 12, "critic": 5,
                                       "vllm_weights": 100}) == 19
+    # LoRA with lora_ckpt_filter: of the weights only the adapters' share is written
+    params = {"training_per_rank": 90, "adapter_per_rank": 10}
+    memory = {"actor_params": 400, "actor_optimizer": 12}
+    assert checkpoint_bytes_per_rank(memory, params, adapters_only=True) == 40 + 12
+    assert checkpoint_bytes_per_rank(memory, params, adapters_only=False) == 400 + 12
     write_bps, hash_bps = measure_speeds(tmp_path / "not" / "yet", nbytes=4 << 20)
     assert write_bps > 0 and hash_bps > 0 and list(tmp_path.iterdir()) == []
 

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.
             print(plan.format())
             from mindspeed_rl.fault.save_time import save_time_line
 
-            line = save_time_line(config, plan.memory_bytes)  # measures the save folder
+            line = save_time_line(config, plan)  # measures the save folder
             if line:
                 print(line)
         else:

@@ -22,11 +22,17 @@ from pathlib import Path
 _PROBE_BYTES = 64 << 20
 
 
-def checkpoint_bytes_per_rank(memory_bytes: dict[str, int]) -> int:
+def checkpoint_bytes_per_rank(memory_bytes: dict[str, int], parameters: dict[str, int] | None = None,
+                              adapters_only: bool = False) -> int:
     """What the heaviest rank writes in a trainer checkpoint: its weights, its optimizer
-    state and, with PPO, the critic's (the plan's ``memory_bytes``)."""
-    return (memory_bytes.get("actor_params", 0) + memory_bytes.get("actor_optimizer", 0)
-            + memory_bytes.get("critic", 0))
+    state and, with PPO, the critic's (the plan's ``memory_bytes``). ``adapters_only``
+    (LoRA with ``lora_ckpt_filter``): of the weights, only the adapters' share (the plan's
+    ``parameters``) is written."""
+    params = memory_bytes.get("actor_params", 0)
+    adapters = (parameters or {}).get("adapter_per_rank", 0)
+    if adapters_only and adapters:
+        params = params * adapters // (parameters["training_per_rank"] + adapters)
+    return params + memory_bytes.get("actor_optimizer", 0) + memory_bytes.get("critic", 0)
 
 
 def measure_speeds(folder: str | os.PathLike, nbytes: int = _PROBE_BYTES) -> tuple[float, float]:
@@ -73,11 +79,12 @@ def save_estimate(nbytes: int, write_bps: float, hash_bps: float, grace_s: float
     return seconds, line
 
 
-def save_time_line(config, memory_bytes: dict[str, int]) -> str | None:
+def save_time_line(config, plan) -> str | None:
     """The estimate for ``config``'s save folder (None when it saves nothing)."""
     save = config.actor_config.save
     if not save:
         return None
     write_bps, hash_bps = measure_speeds(save)
-    return save_estimate(checkpoint_bytes_per_rank(memory_bytes), write_bps, hash_bps,
-                         config.rl_config.save_on_sigterm_grace_s)[1]
+    nbytes = checkpoint_bytes_per_rank(plan.memory_bytes, plan.parameters,
+                                       adapters_only=config.actor_config.lora_ckpt_filter)
+    return save_estimate(nbytes, write_bps, hash_bps, config.rl_config.save_on_sigterm_grace_s)[1]

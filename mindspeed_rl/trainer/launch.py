@@ -35,7 +35,7 @@ def _start(config, plan, *, header: str, plan_to: TextIO | None):
               file=plan_to or sys.stdout, flush=True)
         from mindspeed_rl.fault.save_time import save_time_line
 
-        line = save_time_line(config, plan.memory_bytes)
+        line = save_time_line(config, plan)
         if line:
             print(line, file=sys.stderr if line.startswith("warning") else plan_to or sys.stdout,
                   flush=True)

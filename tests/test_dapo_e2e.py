@@ -14,7 +14,7 @@ import pytest
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
-from torchrun_jobs import ROOT, run_job, training_rows
+from torchrun_jobs import ROOT, run_job, stopped_at, training_rows
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +47,9 @@ def _traces(assets, run) -> dict[int, list[dict]]:
 
 
 def test_dynamic_sampling_collects_exactly_the_batch_and_resumes(assets):
-    ckpt = assets["root"] / "ckpt"
-    _, rows = _grpo(assets, "full", "megatron_training.train_iters=3")
+    full_ckpt = assets["root"] / "ckpt_full"
+    _, rows = _grpo(assets, "full", "megatron_training.train_iters=3",
+                    "megatron_training.save_interval=2", f"actor_config.save={full_ckpt}")
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3]
     rounds = [train[i]["dynamic_sampling/num_gen_batches"] for i in (1, 2, 3)]
@@ -71,10 +72,11 @@ def test_dynamic_sampling_collects_exactly_the_batch_and_resumes(assets):
         seen = sorted(r for t in per_rank for r in t["dynamic_sampling"])
         assert set(kept) <= set(seen) and len(seen) == 16 * rounds[i]
     # resume after 2 iterations: iteration 3 (its rounds included) is the same
-    _grpo(assets, "part", "megatron_training.train_iters=2", f"actor_config.save={ckpt}")
+    ckpt = stopped_at(full_ckpt, 2, assets["root"] / "ckpt")
     _, resumed = _grpo(assets, "part", "megatron_training.train_iters=3",
                        f"actor_config.load={ckpt}", f"actor_config.save={ckpt}")
     resumed = training_rows(resumed)
+    assert sorted(resumed) == [3]
     for key in ("dynamic_sampling/num_gen_batches", "dynamic_sampling/kept_group_fraction",
                 "reward/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
         assert resumed[3][key] == pytest.approx(train[3][key], rel=1e-6, abs=1e-9), key

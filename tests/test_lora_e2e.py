@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from torchrun_jobs import ROOT, run_job, training_rows
+from torchrun_jobs import ROOT, run_job, stopped_at, training_rows
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -63,8 +63,7 @@ def runs(assets):
     root = assets["root"]
     _, full = launch(assets, "full", "megatron_training.train_iters=3",
                      "megatron_training.save_interval=1", f"actor_config.save={root / 'full'}")
-    _, part = launch(assets, "part", "megatron_training.train_iters=2",
-                     f"actor_config.save={root / 'ckpt'}")
+    stopped_at(root / "full", 2, root / "ckpt")
     _, resumed = launch(assets, "part", "megatron_training.train_iters=3",
                         f"actor_config.load={root / 'ckpt'}", f"actor_config.save={root / 'ckpt'}")
     return training_rows(full), training_rows(resumed)
@@ -72,7 +71,7 @@ def runs(assets):
 
 def test_lora_run_learns_on_merged_weights_and_resumes_exactly(runs):
     full, resumed = runs
-    assert sorted(full) == sorted(resumed) == [1, 2, 3]
+    assert sorted(full) == [1, 2, 3] and sorted(resumed) == [3]
     for row in full.values():
         assert row["rollout/logprob_abs_diff_max"] < 1e-3
         assert row["actor/grad_norm"] > 0

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from torchrun_jobs import ROOT, run_job, training_rows
+from torchrun_jobs import ROOT, run_job, stopped_at, training_rows
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -44,9 +44,9 @@ def launch(assets, run: str, *overrides: str):
 
 
 def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
-    full_ckpt, part_ckpt = assets["root"] / "ckpt_full", assets["root"] / "ckpt_part"
+    full_ckpt = assets["root"] / "ckpt_full"
     _, rows = launch(assets, "full", "megatron_training.train_iters=3",
-                     f"actor_config.save={full_ckpt}")
+                     "megatron_training.save_interval=2", f"actor_config.save={full_ckpt}")
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3]
     for it, row in train.items():
@@ -63,12 +63,17 @@ def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
         assert row["actor/loss_tokens"] * 2 == row["multi_turn/model_tokens"], it
         assert row["response_length/max"] <= 112
         assert row["timing/tools"] > 0
-    # stop after 2 iterations and resume: iteration 3 repeats the uninterrupted one exactly
-    launch(assets, "part", "megatron_training.train_iters=2", f"actor_config.save={part_ckpt}")
+        # vLLM and megatron agree on the weights' log-probs: every prompt shares the long
+        # tool description, whose prefix-cached blocks must not outlive a weight load
+        # (before the reset this gap was 0.11 at iteration 3)
+        assert row["rollout/logprob_abs_diff_max"] < 1e-3, it
+    # resume from the checkpoint of iteration 2: iteration 3 repeats the uninterrupted one
+    part = stopped_at(full_ckpt, 2, assets["root"] / "ckpt_part")
     _, resumed = launch(assets, "part", "megatron_training.train_iters=3",
-                        f"actor_config.load={part_ckpt}", f"actor_config.save={part_ckpt}")
+                        f"actor_config.load={part}", f"actor_config.save={part}")
     again = training_rows(resumed)
-    assert sorted(again) == [1, 2, 3]
+    assert sorted(again) == [3]
     for key in ("reward/mean", "multi_turn/model_tokens", "multi_turn/tool_tokens",
-                "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
-        assert again[3][key] == pytest.approx(train[3][key], rel=1e-5, abs=1e-7), key
+                "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
+                "response_length/mean"):
+        assert again[3][key] == pytest.approx(train[3][key], rel=1e-6, abs=1e-9), key

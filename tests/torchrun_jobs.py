@@ -35,3 +35,20 @@ def run_job(assets: dict, run: str, *overrides: str, launcher: str, config: Path
 def training_rows(rows: list[dict]) -> dict[int, dict]:
     """The rows of training iterations (not evaluations), by iteration."""
     return {r["iteration"]: r for r in rows if "timing/all" in r}
+
+
+def stopped_at(save: Path, iteration: int, copy: Path) -> Path:
+    """``copy``: the checkpoint folder ``save`` as a job that stopped right after saving
+    ``iteration`` would have left it (the folder's files, ``iter_<iteration>`` and the
+    tracker naming it). A run with ``save_interval`` then serves as both the uninterrupted
+    run and the interrupted one, which saves a launch per resume test."""
+    import shutil
+
+    name = f"iter_{iteration:07d}"
+    copy.mkdir(parents=True)
+    for item in save.iterdir():
+        if item.is_file() and item.name != "latest_checkpointed_iteration.txt":
+            shutil.copy2(item, copy / item.name)
+    shutil.copytree(save / name, copy / name)
+    (copy / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")
+    return copy

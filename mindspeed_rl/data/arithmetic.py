@@ -90,12 +90,16 @@ def with_tool_example(rows: list[dict[str, str]]) -> list[dict]:
     """Rows whose prompt is a chat: one worked example of calling the code interpreter
     (hermes ``<tool_call>``, the tool's answer, the boxed result), then the question.
 
-    A 135M model does not call a tool it is only told about (0 of 256 samples of
-    SmolLM2-135M-Instruct did); after one example it does in about a third of its samples
-    at temperature 0.7, which RL can then reinforce (docs/multi_turn.md)."""
+    The example's question ends with the answer instruction that ``prompt_type:
+    qwen_retool`` adds to the real question, so the two read alike. A 135M model does not
+    call a tool it is only told about (0 of 256 samples of SmolLM2-135M-Instruct did); after
+    this example it does in 29 % of its samples at temperature 0.7 (1.2 % when the example's
+    question lacks the instruction), which RL can then reinforce (docs/multi_turn.md)."""
+    from mindspeed_rl.data.prompts import RETOOL_ANSWER_INSTRUCTION
+
     call = ('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": '
             '"print(123 * 456)"}}\n</tool_call>')
-    example = [{"role": "user", "content": "What is 123*456?"},
+    example = [{"role": "user", "content": f"What is 123*456?\n{RETOOL_ANSWER_INSTRUCTION}"},
                {"role": "assistant", "content": call},
                {"role": "tool", "content": "56088"},
                {"role": "assistant", "content": "\\boxed{56088}"}]

@@ -169,6 +169,10 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     return rows
 
 
+# MindSpeed-RL's qwen_retool template: after the question, how to state the answer.
+RETOOL_ANSWER_INSTRUCTION = "The answer format must be: \\boxed{'The final answer goes here.'}"
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolPrompt:
     """``megatron_training.prompt_type: qwen_retool``: the tools the model may call, told in
@@ -176,7 +180,7 @@ class ToolPrompt:
     ``DEFAULT_SYSTEM``), and an instruction on the answer's form after the question."""
 
     tools_block: str
-    answer_instruction: str = "The answer format must be: \\boxed{'The final answer goes here.'}"
+    answer_instruction: str = RETOOL_ANSWER_INSTRUCTION
 
 
 DEFAULT_SYSTEM = "You are a helpful assistant."

@@ -65,9 +65,14 @@ class ToolTurnTemplate:
                                                   add_generation_prompt=add_generation_prompt)
 
     def _check_prefix_stable(self) -> None:
-        full = self._render(self._probe() + [{"role": "tool", "content": "r"}], True)
+        name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+        try:
+            full = self._render(self._probe() + [{"role": "tool", "content": "r"}], True)
+        except Exception as exc:  # noqa: BLE001 - jinja's errors, re-raised with the cause
+            raise TemplateError(f"the chat template of {name} cannot render a tool message "
+                                f"({type(exc).__name__}: {exc}); multi-turn needs a template "
+                                "with a 'tool' role (ChatML, Qwen2.5)") from exc
         if not full.startswith(self._closed):
-            name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
             raise TemplateError(
                 f"the chat template of {name} re-renders the earlier turns when a tool message "
                 "follows (the conversation is not a prefix of its continuation), so the tokens "
@@ -196,7 +201,7 @@ def run_agent_loop(generate, trajectories: list[Trajectory], *, pool, template: 
 def _run_tools(pending, pool, template: ToolTurnTemplate, limits: AgentLimits,
                eos_token_id: int | None) -> None:
     """Run every pending trajectory's calls in one pool batch and append the responses."""
-    calls, owners = [], []
+    calls = []
     for k, (t, parsed) in enumerate(pending):
         room = limits.max_tool_calls - t.tool_calls
         for call in parsed.calls[:min(limits.max_parallel_calls, room)]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from mindspeed_rl.algorithms import KLController
+from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.transfer_dock import DockBatch
 
 
@@ -121,3 +122,20 @@ class PhaseContext:
     def temperature(self) -> float:
         """The sampling temperature of the policy that generated the rows."""
         return self.config.sampling_config.policy_temperature
+
+    def take_round_prompts(self) -> tuple[list[int], int, list[int]]:
+        """This generation-DP rank's share of the round's fresh prompts: (dataset indices,
+        the group id of the first, one seed per prompt). One seed per (iteration,
+        generation round, prompt of the batch): a resumed run samples what the
+        uninterrupted run sampled. Advances the data and the group counter."""
+        me, dp_g = self.ranks, self.plan.layout.infer_data_parallel_size
+        indices = self.train_data.next_indices(self.batch.prompts_per_generation_round)
+        mine = slice_per_dp_rank(indices, me.gen_dp_rank, dp_g)
+        first = me.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
+        first_group = self.state.groups_generated + first
+        self.state.groups_generated += len(indices)
+        seed = self.config.megatron_training.seed
+        seeds = [(seed * 1_000_003 + self.it.iteration * 10_007
+                  + self.it.generation_round * 1_000_033 + first + i) % 2**31
+                 for i in range(len(mine))]
+        return mine, first_group, seeds

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, ToolTurnTemplate, run_agent_loop,
                                              tool_parser, trajectories_for)
 from mindspeed_rl.trainer.columns import FINISH_REASONS
@@ -72,16 +71,9 @@ def agent_of(roles, config, tokenizer, world: int) -> Agent:
 
 def multi_turn_rollout(ctx: PhaseContext) -> dict[str, float]:
     """n trajectories per prompt of this generation-DP rank's share, turn by turn."""
-    b, n, mt, me = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.config.megatron_training, ctx.ranks
+    n, me = ctx.rl.n_samples_per_prompt, ctx.ranks
     agent = agent_of(ctx.roles, ctx.config, ctx.tokenizer, me.world)
-    indices = ctx.train_data.next_indices(b.prompts_per_generation_round)
-    mine = slice_per_dp_rank(indices, me.gen_dp_rank, ctx.plan.layout.infer_data_parallel_size)
-    first = me.gen_dp_rank * len(mine)
-    first_group = ctx.state.groups_generated + first
-    ctx.state.groups_generated += len(indices)
-    seeds = [(mt.seed * 1_000_003 + ctx.it.iteration * 10_007
-              + ctx.it.generation_round * 1_000_033 + first + i) % 2**31
-             for i in range(len(mine))]
+    mine, first_group, seeds = ctx.take_round_prompts()
     prompts = [ctx.train_data[i].prompt_ids for i in mine]
     trajectories, stats = run_trajectories(agent, ctx.roles.rollout, ctx.tokenizer, prompts, n,
                                            ctx.config.sampling_config, seeds)

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages,
                                      groups_with_reward_spread, kl_penalty, overlong_penalty,
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
-from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.config import phase_names as names
 from mindspeed_rl.config.checks import response_limit
 from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_call_bonus
@@ -69,18 +68,8 @@ def rollout(ctx: PhaseContext) -> dict[str, float]:
         return partial_rollout(ctx)
     if ctx.rl.multi_turn_enable:
         return multi_turn_rollout(ctx)
-    b, n, mt = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.config.megatron_training
-    me = ctx.ranks
-    indices = ctx.train_data.next_indices(b.prompts_per_generation_round)
-    mine = slice_per_dp_rank(indices, me.gen_dp_rank, ctx.plan.layout.infer_data_parallel_size)
-    first = me.gen_dp_rank * len(mine)  # this rank's first prompt within the batch
-    first_group = ctx.state.groups_generated + first
-    ctx.state.groups_generated += len(indices)
-    # One seed per (iteration, generation round, prompt of the batch): a resumed run samples
-    # what the uninterrupted run sampled.
-    seeds = [(mt.seed * 1_000_003 + ctx.it.iteration * 10_007
-              + ctx.it.generation_round * 1_000_033 + first + i) % 2**31
-             for i in range(len(mine))]
+    b, n, me = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.ranks
+    mine, first_group, seeds = ctx.take_round_prompts()
     prompts = [ctx.train_data[i].prompt_ids for i in mine]
     result = ctx.roles.rollout.generate(prompts, n, ctx.config.sampling_config, seeds=seeds,
                                         use_tqdm=me.rank == 0)

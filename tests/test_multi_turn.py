@@ -262,10 +262,12 @@ def test_keys_load_with_their_meaning(job, tmp_path):
     (GOOD_TOOL, {}, {"prompt_type": "qwen_r1"}, ["megatron_training.prompt_type", "tool"]),
     (GOOD_TOOL, {"partial_rollout_max_split": 2}, {}, ["rl_config.partial_rollout_max_split"]),
     (GOOD_TOOL, {"tool_parser_format": "json"}, {}, ["rl_config.tool_parser_format"]),
+    (GOOD_TOOL, {"tool_parser_format": "no_such_pkg.parsers:parse"}, {},
+     ["rl_config.tool_parser_format", "does not resolve", "no_such_pkg"]),
     (GOOD_TOOL, {"max_total_response_length": 8}, {},
      ["rl_config.max_total_response_length"]),
 ], ids=["yaml", "unknown_class", "no_name", "response_length", "prompt_type", "partial",
-        "parser", "total_length"])
+        "parser", "parser_module", "total_length"])
 def test_bad_input_names_the_file_and_key(job, tmp_path, tool_yaml, rl, mt, words):
     text = error_of(load_config, job(megatron_training={"prompt_type": "qwen_retool", **mt},
                                      rl_config=_multi_turn(tmp_path, tool_yaml, **rl)))

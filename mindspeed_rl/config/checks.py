@@ -522,12 +522,14 @@ def _check_multi_turn(config: RLJobConfig) -> None:
              rl.max_total_response_length, f"is smaller than generate_config.sampling_config."
              f"max_tokens={max_tokens} (MindSpeed-RL refuses the same)",
              f"use at least {max_tokens}")
-    fmt = rl.tool_parser_format
-    module, _, attr = fmt.partition(":")
-    _require(fmt == "hermes" or (module and attr), "rl_config.tool_parser_format", fmt,
-             "is not a known format", "use hermes, or package.module:function for a parser of "
-             "your own")
     from mindspeed_rl.tools.config import ToolConfigError, load_tool_config
+    from mindspeed_rl.tools.parser import tool_parser
+
+    try:
+        tool_parser(rl.tool_parser_format)
+    except ValueError as e:
+        raise ConfigError("rl_config.tool_parser_format", str(e),
+                          value=rl.tool_parser_format) from None
 
     try:
         load_tool_config(rl.tool_config_path)

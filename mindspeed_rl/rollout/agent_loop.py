@@ -20,12 +20,11 @@ log-probs of the other tokens are 0 (they are not the policy's samples).
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from mindspeed_rl.tools.parser import ParseResult, parse_hermes, truncate
+from mindspeed_rl.tools.parser import ParseResult, parse_hermes, tool_parser, truncate
 
 _MARK = "\u2063MSRL-CONTENT\u2063"  # a probe message's content: found back in the rendered text
 
@@ -140,16 +139,6 @@ class AgentLimits:
                    rl.max_total_response_length or max_tokens, rl.max_tool_response_length,
                    rl.tool_response_truncate_side)
 
-
-def tool_parser(name: str) -> Callable[[str], ParseResult]:
-    """``hermes``, or ``package.module:function`` (your own format: text -> ParseResult)."""
-    if name == "hermes":
-        return parse_hermes
-    module, _, attr = name.partition(":")
-    if not attr:
-        raise ValueError(f"rl_config.tool_parser_format={name!r}: use hermes, or "
-                         "package.module:function for a parser of your own")
-    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass

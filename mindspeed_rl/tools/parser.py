@@ -14,8 +14,10 @@ parse becomes an error string for the model, never an exception in the trainer.
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 START, END = "<tool_call>", "</tool_call>"
 _SHOWN = 200  # characters of a malformed block quoted back to the model
@@ -65,6 +67,27 @@ def parse_hermes(text: str) -> ParseResult:
         else:
             result.errors.append(call)
         position = end + len(END)
+
+
+def tool_parser(name: str) -> Callable[[str], ParseResult]:
+    """``rl_config.tool_parser_format``: ``hermes``, or ``package.module:function`` (your own
+    format: text -> ParseResult). A name that does not resolve to a callable is a ValueError
+    that says why."""
+    if name == "hermes":
+        return parse_hermes
+    module, _, attr = name.partition(":")
+    if not (module and attr):
+        raise ValueError("is not a known format; use hermes, or package.module:function for a "
+                         "parser of your own")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"does not resolve ({type(e).__name__}: {e}); check the module path "
+                         "(importable from the job's working directory) and the function name"
+                         ) from None
+    if not callable(fn):
+        raise ValueError(f"names a {type(fn).__name__}, not a function (text -> ParseResult)")
+    return fn
 
 
 def _call(raw: str) -> ToolCall | str:

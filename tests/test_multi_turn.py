@@ -315,3 +315,49 @@ def test_mindspeed_rl_multi_turn_config_passes_the_dry_run(tmp_path, monkeypatch
     assert (spec.name, spec.kind, spec.sandbox_fusion_url) == (
         "code_interpreter", "sandbox_fusion", "http://localhost:8080/run_code")
     assert make_plan(config, 8).layout.infer_data_parallel_size == 8
+
+
+# ---- vLLM TP > 1: one rank of each instance runs the tools -------------------------------
+
+class _RecordingPool:
+    """Stands in for ToolPool: answers each call with the rank that ran it."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.calls = dist.get_rank(), 0
+
+    def run(self, calls):
+        self.calls += 1
+        return [f"rank {self.rank} ran {call}" for _, call in calls]
+
+    def close(self) -> None:
+        pass
+
+
+def _instance_pool_worker():
+    import torch.distributed as dist
+
+    from mindspeed_rl.trainer.multi_turn import _InstancePool
+
+    out = {}
+    for tp_g in (2, 1):
+        recording = _RecordingPool()
+        pool = _InstancePool(recording, tp_g, dist.get_world_size())
+        calls = [(0, "a"), (1, f"b{dist.get_rank() // tp_g}")]
+        out[tp_g] = [pool.run(calls) for _ in range(2)], recording.calls
+    return out
+
+
+def test_each_vllm_instance_runs_its_tool_calls_once():
+    """With infer_tensor_parallel_size 2 on 4 ranks, ranks 0 and 2 run the calls of their
+    instance and ranks 1 and 3 receive exactly those results (the tokens every rank of an
+    instance appends must agree); with 1, every rank runs its own."""
+    from mindspeed_rl.testing import run_on_ranks
+
+    by_rank = run_on_ranks(_instance_pool_worker, 4, timeout=180)
+    for rank, out in enumerate(by_rank):
+        for tp_g, (results, calls) in out.items():
+            src = rank - rank % tp_g
+            assert results == [[f"rank {src} ran a", f"rank {src} ran b{rank // tp_g}"]] * 2
+            assert calls == (2 if rank == src else 0), (tp_g, rank)

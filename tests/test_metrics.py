@@ -310,6 +310,16 @@ def test_plot_metrics_skips_groups_without_data(tmp_path):
     assert [p.name for p in plot_tool.plot_metrics(metrics, tmp_path)] == ["reward.png"]
 
 
+def test_plot_metrics_draws_tool_use_of_a_multi_turn_run(tmp_path):
+    plot_tool = _load_plot_tool()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"iteration": 0, "eval/accuracy": 0.05, "eval/tool_call_rate": 0.06}\n'
+                       '{"iteration": 1, "reward/mean": -0.8, "multi_turn/tool_call_rate": 0.2, '
+                       '"multi_turn/tool_error_rate": 0.4, "multi_turn/tool_timeout_rate": 0.0}\n')
+    assert [p.name for p in plot_tool.plot_metrics(metrics, tmp_path)] == ["reward.png",
+                                                                            "tools.png"]
+
+
 def test_plot_metrics_cli(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     _synthetic_metrics(metrics, n=3)

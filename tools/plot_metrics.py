@@ -9,6 +9,7 @@ Default: one PNG per group, skipping groups with no data —
   timings.png     timing/* (one line per phase; timing/all dashed)
   loss.png        actor/pg_loss, actor/entropy, actor/grad_norm (one panel per key)
   critic.png      critic/vf_loss, critic/explained_variance, critic/vpred_mean (PPO)
+  tools.png       tool-call, tool-error and tool-timeout rates (multi-turn), training and eval
 With --keys, one PNG per listed key instead (named after the key, '/' -> '_').
 """
 
@@ -69,6 +70,10 @@ _GROUPS = (
            shared_axes=False),
     _Group("critic", "critic (PPO)", _present("critic/vf_loss", "critic/explained_variance",
                                               "critic/vpred_mean"), shared_axes=False),
+    _Group("tools", "tool use (fraction of trajectories / of calls)",
+           _present("multi_turn/tool_call_rate", "eval/tool_call_rate",
+                    "multi_turn/tool_error_rate", "multi_turn/tool_timeout_rate"),
+           shared_axes=True),
 )
 
 

@@ -7,11 +7,12 @@ back metrics.jsonl and the checkpoints.
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 
 import pytest
-from torchrun_jobs import ROOT, run_job, training_rows
+from torchrun_jobs import ROOT, run_job, stopped_at, training_rows
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -45,19 +46,45 @@ def launch(assets, run: str, *overrides: str, nproc: int = 2, timeout: int = 600
                    nproc=nproc, timeout=timeout)
 
 
-@pytest.mark.parametrize("layout", [
-    ["actor_config.tensor_model_parallel_size=2", "generate_config.infer_tensor_parallel_size=1"],
+LAYOUTS = {
+    "tp2_to_tpg1": ["actor_config.tensor_model_parallel_size=2",
+                    "generate_config.infer_tensor_parallel_size=1"],
     # one mini-batch per iteration: the on-policy path (old log-probs from the update itself)
-    ["actor_config.tensor_model_parallel_size=1", "actor_config.pipeline_model_parallel_size=2",
-     "generate_config.infer_tensor_parallel_size=2", "rl_config.mini_batch_size=4"],
-], ids=["tp2_to_tpg1", "pp2_to_tpg2"])
-def test_grpo_iterations_complete_with_all_metrics(assets, layout):
-    name = "run_" + layout[0][-1] + layout[-1][-1]
+    "pp2_to_tpg2": ["actor_config.tensor_model_parallel_size=1",
+                    "actor_config.pipeline_model_parallel_size=2",
+                    "generate_config.infer_tensor_parallel_size=2", "rl_config.mini_batch_size=4"],
+}
+# The run the resume test stops and resumes (it saves every iteration).
+RESUMED_LAYOUT = "tp2_to_tpg1"
+
+
+def layout_overrides(assets, layout: str) -> list[str]:
     # Sampled at T = 0.7: vLLM's log-probs, the old, reference and update log-probs all
     # describe softmax(logits / 0.7) (a phase at T = 1 would break the checks below).
-    proc, rows = launch(assets, name, "megatron_training.train_iters=3",
-                        f"megatron_training.test_data_path={assets['test']}",
-                        "generate_config.sampling_config.temperature=0.7", *layout)
+    return [f"megatron_training.test_data_path={assets['test']}",
+            "generate_config.sampling_config.temperature=0.7", *LAYOUTS[layout]]
+
+
+@pytest.fixture(scope="module")
+def layout_run(assets):
+    """3 iterations at a layout, run once per module: (process, metrics rows)."""
+    done = {}
+
+    def run(layout: str):
+        if layout not in done:
+            save = (["megatron_training.save_interval=1",
+                     f"actor_config.save={assets['root'] / 'ckpt_full'}"]
+                    if layout == RESUMED_LAYOUT else [])
+            done[layout] = launch(assets, f"run_{layout}", "megatron_training.train_iters=3",
+                                  *layout_overrides(assets, layout), *save)
+        return done[layout]
+    return run
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_grpo_iterations_complete_with_all_metrics(layout_run, name):
+    layout = LAYOUTS[name]
+    proc, rows = layout_run(name)
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3]
     for it, row in train.items():
@@ -81,23 +108,27 @@ def test_grpo_iterations_complete_with_all_metrics(assets, layout):
     assert "iter 3/3" in proc.stdout + proc.stderr
 
 
-def test_resume_reproduces_uninterrupted_run(assets):
-    """Stop after 2 of 3 iterations, resume from the checkpoint: iteration 3 is identical."""
+def test_resume_reproduces_uninterrupted_run(assets, layout_run):
+    """Stop after 2 of 3 iterations, resume from the checkpoint: iteration 3 is identical.
+    The uninterrupted run is the TP=2 layout run above, saving every iteration; the stopped
+    one is its checkpoint of iteration 2 with a copy of its metrics.jsonl, whose iteration-3
+    row the resumed run must replace (it follows the checkpoint)."""
+    _, full = layout_run(RESUMED_LAYOUT)
     full_ckpt, part_ckpt = assets["root"] / "ckpt_full", assets["root"] / "ckpt_part"
-    _, full = launch(assets, "full", "megatron_training.train_iters=3",
-                     "megatron_training.save_interval=1", f"actor_config.save={full_ckpt}")
-    _, part = launch(assets, "part", "megatron_training.train_iters=2",
-                     f"actor_config.save={part_ckpt}")
-    assert (part_ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert not list(part_ckpt.glob("*.tmp*"))  # nothing half-written is left
+    assert (full_ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert not list(full_ckpt.rglob("*.tmp*"))  # nothing half-written is left
+    stopped_at(full_ckpt, 2, part_ckpt)
+    shutil.copytree(assets["root"] / f"run_{RESUMED_LAYOUT}" / "logs",
+                    assets["root"] / "part" / "logs")
     _, resumed = launch(assets, "part", "megatron_training.train_iters=3",
+                        *layout_overrides(assets, RESUMED_LAYOUT),
                         f"actor_config.load={part_ckpt}", f"actor_config.save={part_ckpt}")
+    # the stopped run's rows kept, the one past the checkpoint replaced: no duplicates
+    assert [r["iteration"] for r in resumed if "timing/all" in r] == [1, 2, 3]
     full, resumed = training_rows(full), training_rows(resumed)
-    assert sorted(resumed) == [1, 2, 3]  # rows of the first run kept, no duplicates
     for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss",
                 "actor/entropy", "actor/grad_norm", "actor/lr"):
         assert resumed[3][key] == pytest.approx(full[3][key], rel=1e-6, abs=1e-9), key
-    assert resumed[2]["actor/grad_norm"] == pytest.approx(full[2]["actor/grad_norm"], rel=1e-6)
     # The trained policy exports to an HF directory that transformers loads.
     hf_out = assets["root"] / "exported"
     subprocess.run([sys.executable, str(ROOT / "tools" / "convert_ckpt.py"), "--load-model-type", "mg",

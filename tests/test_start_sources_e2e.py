@@ -20,6 +20,7 @@ from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
 from mindspeed_rl.testing import run_on_ranks
 from test_grpo_e2e import ROOT, launch, training_rows
+from torchrun_jobs import stopped_at
 
 pytestmark = pytest.mark.slow
 
@@ -96,11 +97,10 @@ def test_resume_from_a_converted_start_with_a_reference_model(assets):
     common = (f"megatron_training.model={model_yaml}", f"actor_config.load={converted}")
     full_save, part_save = root / "save_full", root / "save_part"
     proc, full = launch(assets, "conv_full", *common, "megatron_training.train_iters=3",
-                        f"actor_config.save={full_save}")
+                        "megatron_training.save_interval=1", f"actor_config.save={full_save}")
     assert f"actor weights: {converted} (megatron-core distributed checkpoint release" in \
         proc.stdout + proc.stderr
-    launch(assets, "conv_part", *common, "megatron_training.train_iters=2",
-           f"actor_config.save={part_save}")
+    stopped_at(full_save, 2, part_save)
     proc, resumed = launch(assets, "conv_part", f"megatron_training.model={model_yaml}",
                            f"actor_config.load={part_save}", f"actor_config.save={part_save}",
                            "megatron_training.train_iters=3")

@@ -361,3 +361,97 @@ def test_each_vllm_instance_runs_its_tool_calls_once():
             src = rank - rank % tp_g
             assert results == [[f"rank {src} ran a", f"rank {src} ran b{rank // tp_g}"]] * 2
             assert calls == (2 if rank == src else 0), (tp_g, rank)
+
+
+# ---- async_engine: the step-wise loop on the real engine and the real interpreter ----------
+
+def _slow_every_other(text: str):
+    """A scripted parser (a random model writes no tool calls): a call in every turn; the
+    call sleeps 3 s when the turn's text has an even length."""
+    from mindspeed_rl.tools.parser import ParseResult, ToolCall
+
+    code = f"import time\ntime.sleep({3 if len(text) % 2 == 0 else 0})\nprint({len(text)} * 7)"
+    return ParseResult([ToolCall("code_interpreter", {"code": code}, code)], [])
+
+
+def _stepwise_body(hf_dir: str, tools_yaml: str) -> dict:
+    import time as clock
+
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.config.schema import SamplingConfig
+    from mindspeed_rl.rollout import RolloutEngine
+    from mindspeed_rl.rollout.agent_loop import (run_agent_loop_stepwise, trajectories_for)
+    from mindspeed_rl.tools.config import load_tool_config
+    from mindspeed_rl.tools.pool import ToolPool
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    engine = RolloutEngine(hf_dir, max_model_len=256, max_num_seqs=16,
+                           gpu_memory_utilization=0.02)
+    greedy = SamplingConfig(temperature=0.0, max_tokens=12)
+    limits = AgentLimits(max_tool_calls=2, max_parallel_calls=1, max_total_response_length=120,
+                         max_tool_response_length=40, tool_response_truncate_side="middle")
+    prompts = [list(range(5 + i, 15 + 2 * i)) for i in range(8)]
+    common = dict(template=ToolTurnTemplate(tokenizer), parse=_slow_every_other, limits=limits,
+                  decode=tokenizer.decode, eos_token_id=tokenizer.eos_token_id)
+
+    class Watched:
+        """The real pool and engine, noting the turns added while a slow call was out."""
+
+        def __init__(self, pool) -> None:
+            self.pool, self.slow, self.added_meanwhile = pool, [], 0
+
+        def submit(self, call, started=None):
+            future = self.pool.submit(call, started)
+            if "time.sleep(3)" in call.arguments["code"]:
+                self.slow.append(future)
+            return future
+
+        def add_request(self, *args, **kwargs):
+            self.added_meanwhile += any(not f.done() for f in self.slow)
+            return engine.add_request(*args, **kwargs)
+
+        def step(self):
+            return engine.step()
+
+    out = {}
+    with ToolPool(load_tool_config(tools_yaml)) as pool:
+        def generate(token_prompts, seeds, budgets):
+            result = engine.generate(token_prompts, 1, greedy, seeds=seeds, max_tokens=budgets,
+                                     use_tqdm=False)
+            return [group[0] for group in result.completions]
+
+        for name in ("batch-wide", "stepwise"):
+            trajectories = trajectories_for(prompts, 1, list(range(len(prompts))))
+            watched = Watched(pool)
+            started = clock.monotonic()
+            if name == "stepwise":
+                run_agent_loop_stepwise(watched, trajectories, sampling=greedy, pool=watched,
+                                        **common)
+            else:
+                run_agent_loop(generate, trajectories, pool=pool, max_tokens=12, **common)
+            out[name] = {"tokens": [t.tokens for t in trajectories],
+                         "mask": [t.mask for t in trajectories],
+                         "calls": [t.tool_calls for t in trajectories],
+                         "slow": len(watched.slow), "added_meanwhile": watched.added_meanwhile,
+                         "seconds": clock.monotonic() - started}
+    engine.shutdown()
+    return out
+
+
+@pytest.mark.slow
+def test_stepwise_loop_continues_trajectories_while_a_slow_call_runs(tmp_path):
+    """rl_config.async_engine: greedy trajectories equal the batch-wide loop's token for
+    token, and turns were added to the engine while a 3 s call was still running (the
+    batch-wide loop waits for it before any trajectory continues)."""
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
+    from mindspeed_rl.testing import run_on_ranks
+
+    model = make_tiny_hf_dir("qwen2", tmp_path / "qwen2", max_position_embeddings=512)
+    tools = Path(__file__).resolve().parents[1] / "configs" / "tools" / "code_interpreter.yaml"
+    out = run_on_ranks(_stepwise_body, 1, str(model), str(tools), timeout=600)[0]
+    batch, step = out["batch-wide"], out["stepwise"]
+    print({k: (round(v["seconds"], 1), v["slow"], v["added_meanwhile"]) for k, v in out.items()})
+    assert step["tokens"] == batch["tokens"] and step["mask"] == batch["mask"]
+    assert step["calls"] == batch["calls"] == [2] * 8
+    assert step["slow"] > 0 and step["added_meanwhile"] > 0

@@ -45,7 +45,7 @@ def launch(assets, run: str, *overrides: str):
 
 def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
     full_ckpt = assets["root"] / "ckpt_full"
-    _, rows = launch(assets, "full", "megatron_training.train_iters=3",
+    first, rows = launch(assets, "full", "megatron_training.train_iters=3",
                      "megatron_training.save_interval=2", f"actor_config.save={full_ckpt}")
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3]
@@ -67,10 +67,15 @@ def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
         # tool description, whose prefix-cached blocks must not outlive a weight load
         # (before the reset this gap was 0.11 at iteration 3)
         assert row["rollout/logprob_abs_diff_max"] < 1e-3, it
-    # resume from the checkpoint of iteration 2: iteration 3 repeats the uninterrupted one
+    # resume from the checkpoint of iteration 2: iteration 3 repeats the uninterrupted one,
+    # also with the step-wise loop (async_engine): every trajectory's turns are seeded on
+    # their own, so they come out the same whichever turns share a decode batch
+    assert "multi-turn: batch-wide turns" in first.stdout
     part = stopped_at(full_ckpt, 2, assets["root"] / "ckpt_part")
-    _, resumed = launch(assets, "part", "megatron_training.train_iters=3",
-                        f"actor_config.load={part}", f"actor_config.save={part}")
+    proc, resumed = launch(assets, "part", "megatron_training.train_iters=3",
+                           f"actor_config.load={part}", f"actor_config.save={part}",
+                           "rl_config.async_engine=true")
+    assert "multi-turn: step-wise (rl_config.async_engine)" in proc.stdout
     again = training_rows(resumed)
     assert sorted(again) == [3]
     for key in ("reward/mean", "multi_turn/model_tokens", "multi_turn/tool_tokens",

@@ -587,3 +587,28 @@ def test_close_kills_calls_in_flight():
     assert time.monotonic() - started < 10
     assert results and not results[0].ok
     assert _new_children() == []
+
+
+def test_submit_returns_each_call_as_it_ends():
+    """The step-wise agent loop's interface: a fast call's result is there while a slow one
+    still runs; a call queued behind the tool's in-flight limit starts in the slot the fast
+    one freed; close() ends a queued call with an error result and leaves no child."""
+    pool = ToolPool([_spec(num_workers=2, rate_limit=2, default_timeout=20)])
+    try:
+        slow = pool.submit(_call("import time\ntime.sleep(8)\nprint('slow')"))
+        fast = pool.submit(_call("print(6 * 7)"))
+        queued = pool.submit(_call("print('next')"))  # a third call: waits for a free slot
+        assert fast.result(timeout=6).text.strip() == "42"
+        assert queued.result(timeout=6).text.strip() == "next"
+        assert not slow.done()
+        hung = pool.submit(_call("import time\ntime.sleep(1000)"))
+        waiting = pool.submit(_call("print('never runs')"))  # both slots taken
+        deadline = time.monotonic() + 30
+        while len(_running_children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        pool.close()
+    assert not waiting.result(timeout=10).ok and "closed" in waiting.result().text
+    assert not hung.result(timeout=10).ok
+    assert pool.take_stats()["calls"] == 5
+    assert _new_children() == []

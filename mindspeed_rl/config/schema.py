@@ -318,8 +318,10 @@ class RLConfig:
     async_engine: bool = setting(False, (
         "step-wise generation (MindSpeed-RL's async engine): with partial rollout, a rollout "
         "pass stops on every generation-DP rank together once enough whole groups are "
-        "finished and keeps the rest as partial rows; without partial rollout it changes "
-        "nothing (MindSpeed-RL's multi-turn configs set it)"))
+        "finished and keeps the rest as partial rows; with multi_turn_enable, each trajectory "
+        "continues as soon as its own tool calls are back instead of waiting for the turn's "
+        "slowest call (with infer_tensor_parallel_size 1; the turns stay batch-wide with vLLM "
+        "TP > 1); otherwise it changes nothing"))
     filter_groups_enable: bool = setting(False, (
         "DAPO dynamic sampling: drop the groups whose filter_groups_metric is equal for all "
         "their samples (no learning signal) and generate on fresh prompts until "

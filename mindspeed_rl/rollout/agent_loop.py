@@ -11,6 +11,10 @@ Every trajectory of the rank advances together, one batched generation per turn:
    (:class:`ToolTurnTemplate`) and continue; a trajectory without calls, out of calls
    (``max_tool_calls``) or out of tokens (``max_total_response_length``) leaves the batch.
 
+With ``rl_config.async_engine`` (:func:`run_agent_loop_stepwise`) there are no batch-wide
+turns: each trajectory's next turn joins the engine's running batch as soon as its own
+tool calls are back.
+
 The trajectory is kept as token ids: the model's own tokens are appended exactly as the
 engine sampled them (never decoded and re-encoded), the template glue and the tool
 responses are encoded once, so the prompt + response the trainer sees is exactly what
@@ -21,10 +25,11 @@ log-probs of the other tokens are 0 (they are not the policy's samples).
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from mindspeed_rl.tools.parser import ParseResult, parse_hermes, tool_parser, truncate
+from mindspeed_rl.tools.parser import ParseResult, truncate
 
 _MARK = "\u2063MSRL-CONTENT\u2063"  # a probe message's content: found back in the rendered text
 
@@ -140,7 +145,6 @@ class AgentLimits:
                    rl.tool_response_truncate_side)
 
 
-
 @dataclass
 class TurnStats:
     """What the loop did, for the rollout phase's metrics."""
@@ -151,7 +155,7 @@ class TurnStats:
 def run_agent_loop(generate, trajectories: list[Trajectory], *, pool, template: ToolTurnTemplate,
                    parse: Callable[[str], ParseResult], limits: AgentLimits, decode,
                    max_tokens: int, eos_token_id: int | None) -> TurnStats:
-    """Advance ``trajectories`` (each with its prompt) until every one is done.
+    """Advance ``trajectories`` (each with its prompt) until every one is done, turn by turn.
 
     ``generate(prompts, seeds, budgets)`` runs one batched turn (token ids in; per prompt
     a completion with ``token_ids``, ``logprobs``, ``finish_reason``); ``pool.run``
@@ -162,65 +166,133 @@ def run_agent_loop(generate, trajectories: list[Trajectory], *, pool, template: 
         active = [t for t in trajectories if not t.done]
         if not active:
             return stats
-        budgets = [min(max_tokens, limits.max_total_response_length - len(t.tokens))
-                   for t in active]
-        seeds = [(t.seed + 7919 * t.turns) % 2**31 for t in active]
-        completions = generate([t.prompt + t.tokens for t in active], seeds, budgets)
-        pending: list[tuple[Trajectory, ParseResult]] = []
-        for t, c in zip(active, completions):
-            t.add_model_turn(c.token_ids, c.logprobs)
-            # A turn cut at max_tokens still runs the calls it wrote (as MindSpeed-RL and
-            # verl do); the template then closes the turn itself (glue, mask 0).
-            t.finish_reason = c.finish_reason or "length"
-            if len(t.tokens) >= limits.max_total_response_length:
-                t.done, t.finish_reason = True, "length"
-                continue
-            parsed = parse(decode(c.token_ids)) if t.tool_calls < limits.max_tool_calls \
-                else ParseResult([], [])
-            if not parsed.calls and not parsed.errors:
-                t.done = True
-                continue
-            pending.append((t, parsed))
-        if pending:
+        completions = generate([t.prompt + t.tokens for t in active],
+                               [_turn_seed(t) for t in active],
+                               [_turn_budget(t, limits, max_tokens) for t in active])
+        pending = [(t, parsed) for t, c in zip(active, completions)
+                   if (parsed := _model_turn(t, c, limits, parse, decode)) is not None]
+        if not pending:
+            continue
+        started = time.monotonic()
+        calls = [(k, call) for k, (t, parsed) in enumerate(pending)
+                 for call in _calls_to_run(t, parsed, limits)]
+        results: list[list] = [[] for _ in pending]
+        for (k, _), result in zip(calls, pool.run(calls) if calls else []):
+            results[k].append(result)
+        for (t, parsed), own in zip(pending, results):
+            _tool_turn(t, parsed, own, template, limits, eos_token_id)
+        stats.tool_seconds += time.monotonic() - started
+
+
+def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling, pool,
+                            template: ToolTurnTemplate, parse: Callable[[str], ParseResult],
+                            limits: AgentLimits, decode, eos_token_id: int | None) -> TurnStats:
+    """The loop of ``rl_config.async_engine``: every trajectory advances on its own.
+
+    Each model turn is one request in the engine's batch (``engine.add_request`` /
+    ``engine.step``, vLLM's engine API in process); a finished turn's calls go to the
+    pool at once (``pool.submit``), and its next turn joins the batch as soon as its own
+    calls are back, while the other trajectories keep decoding. No trajectory waits for
+    another's slow tool call or long turn. ``tool_seconds`` counts only the time the loop
+    waited with nothing to decode. Same seeds per (trajectory, turn) as the synchronous
+    loop; which turns share a decode batch depends on when the tools return.
+    """
+    stats = TurnStats()
+    decoding: dict[str, Trajectory] = {}
+    calling: list[tuple[Trajectory, ParseResult, list[Future]]] = []
+
+    def next_turn(t: Trajectory) -> None:
+        rid = engine.add_request(t.prompt + t.tokens, sampling, seed=_turn_seed(t),
+                                 max_tokens=_turn_budget(t, limits, sampling.max_tokens))
+        decoding[rid] = t
+
+    for t in trajectories:
+        if not t.done:
+            next_turn(t)
+    while decoding or calling:
+        if decoding:
+            finished = engine.step()
+        else:  # only tool calls out: wait for the first to end
             started = time.monotonic()
-            _run_tools(pending, pool, template, limits, eos_token_id)
+            wait([f for _, _, futures in calling for f in futures], return_when=FIRST_COMPLETED)
             stats.tool_seconds += time.monotonic() - started
+            finished = []
+        for rid, completion in finished:
+            t = decoding.pop(rid)
+            parsed = _model_turn(t, completion, limits, parse, decode)
+            if parsed is not None:
+                calling.append((t, parsed, [pool.submit(call)
+                                            for call in _calls_to_run(t, parsed, limits)]))
+        waiting = []
+        for t, parsed, futures in calling:
+            if not all(f.done() for f in futures):
+                waiting.append((t, parsed, futures))
+                continue
+            _tool_turn(t, parsed, [f.result() for f in futures], template, limits,
+                       eos_token_id)
+            if not t.done:
+                next_turn(t)
+        calling = waiting
+    return stats
 
 
-def _run_tools(pending, pool, template: ToolTurnTemplate, limits: AgentLimits,
-               eos_token_id: int | None) -> None:
-    """Run every pending trajectory's calls in one pool batch and append the responses."""
-    calls = []
-    for k, (t, parsed) in enumerate(pending):
-        room = limits.max_tool_calls - t.tool_calls
-        for call in parsed.calls[:min(limits.max_parallel_calls, room)]:
-            calls.append((k, call))
-    results = pool.run(calls) if calls else []
-    responses: list[list[str]] = [[] for _ in pending]
-    for (k, _), result in zip(calls, results):
-        t = pending[k][0]
+def _turn_seed(t: Trajectory) -> int:
+    return (t.seed + 7919 * t.turns) % 2**31
+
+
+def _turn_budget(t: Trajectory, limits: AgentLimits, max_tokens: int) -> int:
+    return min(max_tokens, limits.max_total_response_length - len(t.tokens))
+
+
+def _model_turn(t: Trajectory, completion, limits: AgentLimits, parse, decode
+                ) -> ParseResult | None:
+    """Append a model turn; the tool calls it wrote, or None when the trajectory is done."""
+    t.add_model_turn(completion.token_ids, completion.logprobs)
+    # A turn cut at max_tokens still runs the calls it wrote (as MindSpeed-RL and verl do);
+    # the template then closes the turn itself (glue, mask 0).
+    t.finish_reason = completion.finish_reason or "length"
+    if len(t.tokens) >= limits.max_total_response_length:
+        t.done, t.finish_reason = True, "length"
+        return None
+    parsed = parse(decode(completion.token_ids)) if t.tool_calls < limits.max_tool_calls \
+        else ParseResult([], [])
+    if not parsed.calls and not parsed.errors:
+        t.done = True
+        return None
+    return parsed
+
+
+def _calls_to_run(t: Trajectory, parsed: ParseResult, limits: AgentLimits) -> list:
+    """The turn's calls within ``max_parallel_calls`` and the trajectory's remaining calls."""
+    return parsed.calls[:min(limits.max_parallel_calls, limits.max_tool_calls - t.tool_calls)]
+
+
+def _tool_turn(t: Trajectory, parsed: ParseResult, results: Sequence, template: ToolTurnTemplate,
+               limits: AgentLimits, eos_token_id: int | None) -> None:
+    """Append the results of the turn's calls (and its malformed calls' errors) as one tool
+    turn, or end the trajectory when nothing came back or there is no room for it."""
+    responses = []
+    for result in results:
         t.tool_calls += 1
         t.tool_errors += int(result.error)
         t.tool_timeouts += int(result.timed_out)
-        responses[k].append(result.text)
-    for k, (t, parsed) in enumerate(pending):
-        room = limits.max_tool_calls - t.tool_calls
-        for error in parsed.errors[:max(0, min(limits.max_parallel_calls - len(responses[k]),
-                                                room))]:
-            t.tool_calls += 1   # a malformed call spends a call: the loop always ends
-            t.tool_errors += 1
-            responses[k].append(error)
-        if not responses[k]:
-            t.done = True
-            continue
-        kept = [truncate(r, limits.max_tool_response_length,
-                         limits.tool_response_truncate_side) for r in responses[k]]
-        ids = template.ids(kept, ended_with_eos=bool(t.tokens) and t.tokens[-1] == eos_token_id)
-        if len(t.tokens) + len(ids) >= limits.max_total_response_length:
-            # No room for the responses and a next turn: the trajectory ends on its call.
-            t.done, t.finish_reason = True, "length"
-            continue
-        t.add_tool_turn(ids)
+        responses.append(result.text)
+    room = limits.max_tool_calls - t.tool_calls
+    for error in parsed.errors[:max(0, min(limits.max_parallel_calls - len(responses), room))]:
+        t.tool_calls += 1   # a malformed call spends a call: the loop always ends
+        t.tool_errors += 1
+        responses.append(error)
+    if not responses:
+        t.done = True
+        return
+    kept = [truncate(r, limits.max_tool_response_length, limits.tool_response_truncate_side)
+            for r in responses]
+    ids = template.ids(kept, ended_with_eos=bool(t.tokens) and t.tokens[-1] == eos_token_id)
+    if len(t.tokens) + len(ids) >= limits.max_total_response_length:
+        # No room for the responses and a next turn: the trajectory ends on its call.
+        t.done, t.finish_reason = True, "length"
+        return
+    t.add_tool_turn(ids)
 
 
 def trajectories_for(prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[int]
@@ -231,4 +303,4 @@ def trajectories_for(prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[i
 
 
 __all__ = ["AgentLimits", "TemplateError", "ToolTurnTemplate", "Trajectory", "TurnStats",
-           "run_agent_loop", "tool_parser", "trajectories_for"]
+           "run_agent_loop", "run_agent_loop_stepwise", "trajectories_for"]

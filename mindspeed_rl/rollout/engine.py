@@ -398,6 +398,31 @@ class RolloutEngine:
         check_finite_logprobs(result, self.dp_rank)
         return result
 
+    # ---- one request at a time (the step-wise agent loop) ------------------------------
+    def add_request(self, prompt: Sequence[int], sampling: SamplingConfig, *, seed: int,
+                    max_tokens: int) -> str:
+        """Queue one response to ``prompt`` in vLLM's engine (in process, no server); it
+        decodes during the following :meth:`step` calls, batched with the others. Returns
+        its request id. Seeded: it samples what :meth:`generate` would."""
+        from vllm.inputs import TokensPrompt
+
+        (param,) = self._params([prompt], 1, sampling, [seed], [max_tokens], None)
+        rid = f"msrl-req-{self._next_request}"
+        self._next_request += 1
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), param)
+        return rid
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """One engine step over the queued requests; those that finished in it, with their
+        completions."""
+        done = [(out.request_id, _completion(out.outputs[0]))
+                for out in self.llm.llm_engine.step() if out.finished]
+        check_finite_logprobs(RolloutResult([[c] for _, c in done]), self.dp_rank)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
     def _params(self, prompts, n, sampling, seeds, max_tokens, min_tokens) -> list:
         """vLLM SamplingParams per prompt, checked against the engine's context length."""
         from vllm import SamplingParams

@@ -1,8 +1,9 @@
 """The tool pool of one rank: a batch of tool calls from many trajectories, run at once.
 
-A turn of the agent loop stops every trajectory that called a tool until all the calls
-of the batch are back, so the batch runs concurrently: one thread per call in flight,
-each driving one child process (the local interpreter) or one HTTP request
+``run`` takes a batch (a synchronous turn of the agent loop waits for all of it);
+``submit`` takes one call and returns a future (the step-wise loop continues each
+trajectory as soon as its own calls are back). Calls run concurrently: one thread per call
+in flight, each driving one child process (the local interpreter) or one HTTP request
 (SandboxFusion). The threads only wait; the isolation and the limits are the child's
 (mindspeed_rl.tools.code_interpreter) or the service's. Per tool at most
 ``min(num_workers, rate_limit)`` calls are in flight (the rest queue), each bounded by the
@@ -14,9 +15,11 @@ tool, no ``code``) is an error result that names the tools, never an exception.
 from __future__ import annotations
 
 import collections
+import functools
+import threading
 import time
 import weakref
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 from mindspeed_rl.tools.code_interpreter import CodeInterpreter
@@ -69,6 +72,11 @@ class ToolPool:
                                                          thread_name_prefix=f"tool-{spec.name}")
                            for spec in specs}
         self._stats = dict.fromkeys(_STATS, 0.0)
+        # Calls waiting for a slot, and the free slots, per tool; _lock guards both and the
+        # stats (calls end on the executors' threads).
+        self._waiting = {spec.name: collections.deque() for spec in specs}
+        self._free = {spec.name: spec.max_in_flight for spec in specs}
+        self._lock = threading.RLock()
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, list(self._executors.values()),
                                            list(self._runners.values()))
@@ -77,52 +85,58 @@ class ToolPool:
         """The result of each call, in the order of ``calls`` (``(trajectory index, call)``
         pairs: the index is the caller's, the pool does not use it). Blocks until every
         call has ended; never raises for what a call or its code does."""
+        started = time.monotonic()  # the batch's calls that get a slot at once start now
+        futures = [self.submit(call, started) for _, call in calls]
+        return [future.result() for future in futures]
+
+    def submit(self, call: ToolCall, started: float | None = None) -> Future:
+        """Start ``call`` (or queue it behind the tool's ``max_in_flight`` calls); the future's
+        result is its ToolResult, never an exception. Safe from any thread. ``started``
+        (time.monotonic) is when its time limit starts counting if it gets a slot at once:
+        now by default."""
         if self._closed:
             raise RuntimeError("the tool pool is closed")
-        results: list[ToolResult | None] = [None] * len(calls)
-        queued = {name: collections.deque() for name in self.specs}
-        for i, (_, call) in enumerate(calls):
-            code = self._code_of(call)
-            if isinstance(code, ToolResult):
-                results[i] = code
-            else:
-                queued[call.name].append((i, code))
-        self._dispatch(queued, results)
-        for result in results:
+        out: Future = Future()
+        code = self._code_of(call)
+        if isinstance(code, ToolResult):
+            self._finish(out, code)
+            return out
+        with self._lock:
+            self._waiting[call.name].append((code, out))
+            self._start_waiting(call.name, time.monotonic() if started is None else started)
+        return out
+
+    def _start_waiting(self, name: str, now: float) -> None:
+        """Start the tool's queued calls while it has free slots (the caller holds the lock).
+        A call's time limit counts from ``now``, the moment its slot was free (or its batch
+        started), not from when its thread starts and gets the CPU: on a loaded host that is
+        up to a second later, and a batch would end that late."""
+        queue = self._waiting[name]
+        while queue and self._free[name] > 0:
+            code, out = queue.popleft()
+            try:
+                future = self._executors[name].submit(_run_safely, self._runners[name], code,
+                                                      now)
+            except RuntimeError:  # close() ran in another thread
+                self._finish(out, ToolResult.failed(_CLOSED))
+                continue
+            self._free[name] -= 1
+            future.add_done_callback(functools.partial(self._call_ended, name, out))
+
+    def _call_ended(self, name: str, out: Future, future: Future) -> None:
+        result = ToolResult.failed(_CLOSED) if future.cancelled() else future.result()
+        with self._lock:
+            self._free[name] += 1
+            self._start_waiting(name, time.monotonic())
+        self._finish(out, result)
+
+    def _finish(self, out: Future, result: ToolResult) -> None:
+        with self._lock:
             self._stats["calls"] += 1
             self._stats["errors"] += result.error
             self._stats["timeouts"] += result.timed_out
             self._stats["seconds"] += result.seconds
-        return results
-
-    def _dispatch(self, queued: dict, results: list) -> None:
-        """Run the queued calls, at most ``max_in_flight`` per tool at a time. A call's
-        time limit counts from the moment its slot was free (the batch's start for the
-        first ``max_in_flight``), not from when its thread starts and gets the CPU: on a
-        loaded host that is up to a second later, and the batch would end that late."""
-        free = {name: spec.max_in_flight for name, spec in self.specs.items()}
-        in_flight = {}
-        while in_flight or any(queued.values()):
-            now = time.monotonic()  # when the free slots of this round became free
-            for name, queue in queued.items():
-                while queue and free[name] > 0:
-                    i, code = queue.popleft()
-                    try:
-                        future = self._executors[name].submit(
-                            _run_safely, self._runners[name], code, now)
-                    except RuntimeError:  # close() ran in another thread
-                        results[i] = ToolResult.failed(_CLOSED)
-                        continue
-                    free[name] -= 1
-                    in_flight[future] = (i, name)
-            if not in_flight:
-                continue
-            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in done:
-                i, name = in_flight.pop(future)
-                free[name] += 1
-                results[i] = ToolResult.failed(_CLOSED) if future.cancelled() \
-                    else future.result()
+        out.set_result(result)
 
     def _code_of(self, call: ToolCall) -> str | ToolResult:
         """The code to run for ``call``, or the error result of a call that cannot run."""
@@ -140,12 +154,20 @@ class ToolPool:
 
     def take_stats(self) -> dict[str, float]:
         """Calls, errors, timeouts and the calls' summed seconds since the last take."""
-        stats, self._stats = self._stats, dict.fromkeys(_STATS, 0.0)
+        with self._lock:
+            stats, self._stats = self._stats, dict.fromkeys(_STATS, 0.0)
         return stats
 
     def close(self) -> None:
-        """Kill the calls still in flight (another thread's ``run``) and stop the threads."""
+        """Kill the calls in flight (another thread's ``run``, or submitted ones), end the
+        queued ones with an error result and stop the threads."""
         self._closed = True
+        with self._lock:
+            queued = [out for queue in self._waiting.values() for _, out in queue]
+            for queue in self._waiting.values():
+                queue.clear()
+        for out in queued:
+            self._finish(out, ToolResult.failed(_CLOSED))
         self._finalizer()
 
     def __enter__(self) -> "ToolPool":

@@ -34,11 +34,12 @@ def _start(config, plan, *, header: str, plan_to: TextIO | None):
         print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
               file=plan_to or sys.stdout, flush=True)
         from mindspeed_rl.fault.save_time import save_time_line
+        from mindspeed_rl.trainer.multi_turn import loop_line
 
-        line = save_time_line(config, plan)
-        if line:
-            print(line, file=sys.stderr if line.startswith("warning") else plan_to or sys.stdout,
-                  flush=True)
+        for line in (save_time_line(config, plan), loop_line(config)):
+            if line:
+                print(line, file=sys.stderr if line.startswith("warning") else
+                      plan_to or sys.stdout, flush=True)
     return platform
 
 

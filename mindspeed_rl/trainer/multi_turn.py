@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, ToolTurnTemplate, run_agent_loop,
-                                             tool_parser, trajectories_for)
+                                             run_agent_loop_stepwise, trajectories_for)
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.tools.parser import tool_parser
 from mindspeed_rl.trainer.reductions import global_stats, global_sums
 
 
@@ -34,6 +35,19 @@ class Agent:
         self.pool.close()
 
 
+def loop_line(config) -> str | None:
+    """The plan's line on how multi-turn rollouts advance (None without multi-turn)."""
+    rl = config.rl_config
+    if not rl.multi_turn_enable:
+        return None
+    if rl.async_engine and config.generate_config.infer_tensor_parallel_size == 1:
+        return ("multi-turn: step-wise (rl_config.async_engine): each trajectory continues as "
+                "soon as its own tool calls are back")
+    why = ("rl_config.async_engine is off" if not rl.async_engine else
+           "with infer_tensor_parallel_size > 1 an instance's ranks add requests together")
+    return f"multi-turn: batch-wide turns, each waits for its slowest tool call ({why})"
+
+
 def build_agent(config, tokenizer, world: int) -> Agent:
     from mindspeed_rl.tools.config import load_tool_config
     from mindspeed_rl.tools.pool import ToolPool
@@ -46,18 +60,27 @@ def build_agent(config, tokenizer, world: int) -> Agent:
                  AgentLimits.from_config(rl, config.sampling_config.max_tokens))
 
 
-def run_trajectories(agent: Agent, engine, tokenizer, prompts, n: int, sampling, seeds):
-    """(n trajectories per prompt, the loop's stats): the agent loop on ``engine``."""
+def run_trajectories(agent: Agent, engine, tokenizer, prompts, n: int, sampling, seeds, *,
+                     stepwise: bool = False):
+    """(n trajectories per prompt, the loop's stats): the agent loop on ``engine``.
+    ``stepwise`` (rl_config.async_engine): each trajectory advances on its own
+    (run_agent_loop_stepwise); with vLLM TP > 1 the ranks of an instance must add the same
+    requests at the same steps, so there the turns stay batch-wide."""
     trajectories = trajectories_for(prompts, n, seeds)
+    common = dict(template=agent.template, parse=agent.parse, limits=agent.limits,
+                  decode=tokenizer.decode, eos_token_id=tokenizer.eos_token_id)
+    if stepwise and agent.pool.group is None:
+        stats = run_agent_loop_stepwise(engine, trajectories, sampling=sampling,
+                                        pool=agent.pool.pool, **common)
+        return trajectories, stats
 
     def generate(token_prompts, turn_seeds, budgets):
         result = engine.generate(token_prompts, 1, sampling, seeds=turn_seeds,
                                  max_tokens=budgets, use_tqdm=False)
         return [group[0] for group in result.completions]
 
-    stats = run_agent_loop(generate, trajectories, pool=agent.pool, template=agent.template,
-                           parse=agent.parse, limits=agent.limits, decode=tokenizer.decode,
-                           max_tokens=sampling.max_tokens, eos_token_id=tokenizer.eos_token_id)
+    stats = run_agent_loop(generate, trajectories, pool=agent.pool,
+                           max_tokens=sampling.max_tokens, **common)
     return trajectories, stats
 
 
@@ -76,7 +99,8 @@ def multi_turn_rollout(ctx: PhaseContext) -> dict[str, float]:
     mine, first_group, seeds = ctx.take_round_prompts()
     prompts = [ctx.train_data[i].prompt_ids for i in mine]
     trajectories, stats = run_trajectories(agent, ctx.roles.rollout, ctx.tokenizer, prompts, n,
-                                           ctx.config.sampling_config, seeds)
+                                           ctx.config.sampling_config, seeds,
+                                           stepwise=ctx.rl.async_engine)
     ctx.flow.put_rows(_columns(ctx, trajectories, mine, first_group) if me.is_gen_writer else {},
                       group_size=n)
     return _metrics(ctx, trajectories, prompts, stats.tool_seconds)

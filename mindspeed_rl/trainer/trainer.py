@@ -260,7 +260,8 @@ class RLTrainer:
         agent = agent_of(self.roles, self.config, self.tokenizer, self.world)
         trajectories, _ = run_trajectories(agent, self.roles.rollout, self.tokenizer,
                                            [p.prompt_ids for p in items], 1, greedy,
-                                           [0] * len(items))
+                                           [0] * len(items),
+                                           stepwise=self.config.rl_config.async_engine)
         texts = [self.tokenizer.decode(t.tokens, skip_special_tokens=True) for t in trajectories]
         own = self.ranks.is_gen_writer
         calls, count = global_sums([sum(float(t.tool_calls > 0) for t in trajectories)

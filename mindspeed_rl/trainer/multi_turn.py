@@ -16,9 +16,9 @@ import torch
 
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, ToolTurnTemplate, run_agent_loop,
                                              run_agent_loop_stepwise, trajectories_for)
+from mindspeed_rl.tools.parser import tool_parser
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
-from mindspeed_rl.tools.parser import tool_parser
 from mindspeed_rl.trainer.reductions import global_stats, global_sums
 
 

@@ -35,12 +35,19 @@ class Agent:
         self.pool.close()
 
 
+def stepwise_turns(config) -> bool:
+    """Whether multi-turn rollouts run the step-wise loop: rl_config.async_engine, with vLLM
+    TP 1 (with TP > 1 the ranks of an instance must add the same requests at the same
+    steps, so there the turns stay batch-wide)."""
+    return config.rl_config.async_engine and config.generate_config.infer_tensor_parallel_size == 1
+
+
 def loop_line(config) -> str | None:
     """The plan's line on how multi-turn rollouts advance (None without multi-turn)."""
     rl = config.rl_config
     if not rl.multi_turn_enable:
         return None
-    if rl.async_engine and config.generate_config.infer_tensor_parallel_size == 1:
+    if stepwise_turns(config):
         return ("multi-turn: step-wise (rl_config.async_engine): each trajectory continues as "
                 "soon as its own tool calls are back")
     why = ("rl_config.async_engine is off" if not rl.async_engine else
@@ -62,14 +69,13 @@ def build_agent(config, tokenizer, world: int) -> Agent:
 
 def run_trajectories(agent: Agent, engine, tokenizer, prompts, n: int, sampling, seeds, *,
                      stepwise: bool = False):
-    """(n trajectories per prompt, the loop's stats): the agent loop on ``engine``.
-    ``stepwise`` (rl_config.async_engine): each trajectory advances on its own
-    (run_agent_loop_stepwise); with vLLM TP > 1 the ranks of an instance must add the same
-    requests at the same steps, so there the turns stay batch-wide."""
+    """(n trajectories per prompt, the loop's stats): the agent loop on ``engine``;
+    ``stepwise`` (:func:`stepwise_turns`): each trajectory advances on its own
+    (run_agent_loop_stepwise)."""
     trajectories = trajectories_for(prompts, n, seeds)
     common = dict(template=agent.template, parse=agent.parse, limits=agent.limits,
                   decode=tokenizer.decode, eos_token_id=tokenizer.eos_token_id)
-    if stepwise and agent.pool.group is None:
+    if stepwise:
         stats = run_agent_loop_stepwise(engine, trajectories, sampling=sampling,
                                         pool=agent.pool.pool, **common)
         return trajectories, stats
@@ -100,7 +106,7 @@ def multi_turn_rollout(ctx: PhaseContext) -> dict[str, float]:
     prompts = [ctx.train_data[i].prompt_ids for i in mine]
     trajectories, stats = run_trajectories(agent, ctx.roles.rollout, ctx.tokenizer, prompts, n,
                                            ctx.config.sampling_config, seeds,
-                                           stepwise=ctx.rl.async_engine)
+                                           stepwise=stepwise_turns(ctx.config))
     ctx.flow.put_rows(_columns(ctx, trajectories, mine, first_group) if me.is_gen_writer else {},
                       group_size=n)
     return _metrics(ctx, trajectories, prompts, stats.tool_seconds)

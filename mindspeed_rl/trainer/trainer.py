@@ -255,13 +255,13 @@ class RLTrainer:
         return total / max(count, 1.0)
 
     def _evaluate_with_tools(self, items, greedy) -> dict[str, float]:
-        from mindspeed_rl.trainer.multi_turn import agent_of, run_trajectories
+        from mindspeed_rl.trainer.multi_turn import agent_of, run_trajectories, stepwise_turns
 
         agent = agent_of(self.roles, self.config, self.tokenizer, self.world)
         trajectories, _ = run_trajectories(agent, self.roles.rollout, self.tokenizer,
                                            [p.prompt_ids for p in items], 1, greedy,
                                            [0] * len(items),
-                                           stepwise=self.config.rl_config.async_engine)
+                                           stepwise=stepwise_turns(self.config))
         texts = [self.tokenizer.decode(t.tokens, skip_special_tokens=True) for t in trajectories]
         own = self.ranks.is_gen_writer
         calls, count = global_sums([sum(float(t.tool_calls > 0) for t in trajectories)

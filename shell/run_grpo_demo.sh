@@ -23,7 +23,7 @@ elif [[ "${1:-}" == "--multi-turn" ]]; then
       --num-test 64 --seed 0 --max-operand 999 --ops '*' --tool-example
   fi
 fi
-echo "[demo] $WHAT on 2 CPU ranks (about 12 minutes on 2 cores); metrics: $OUT/logs/metrics.jsonl"
+echo "[demo] $WHAT on 2 CPU ranks (20-40 minutes on 2 cores; README lists measured times); metrics: $OUT/logs/metrics.jsonl"
 # mindspeed_rl.fault.torchrun is torchrun whose failures end with their one-line cause.
 "$PY" -m mindspeed_rl.fault.torchrun --standalone --nproc_per_node 2 pretrain_grpo.py \
   --config "$CONFIG" "$@"

@@ -182,3 +182,72 @@ def test_the_policy_objective_weights_older_tokens_by_proximal_over_behaviour():
         assert weights[0, :3].tolist() == pytest.approx(expected)
         on_policy = 1.0 if threshold is None else min(math.exp(-1.2 + 1.0), threshold)
         assert weights[0, 3].item() == pytest.approx(on_policy)
+
+
+# ---- one optimizer step: the update's own forward is the proximal policy -----------------
+def test_old_log_p_runs_only_when_the_update_leaves_the_proximal_weights(tiny):
+    """With one optimizer step per iteration the update's forward runs at the weights the
+    iteration started with, so a partial rollout needs no separate old_log_p forward."""
+    from mindspeed_rl.config.plan import make_plan
+    from mindspeed_rl.trainer.recipes import phases_of
+
+    for mini_batch, expected in ((4, False), (2, True)):  # global_batch_size 4
+        config = _load(tiny, **{"rl_config.partial_rollout_max_split": 2,
+                                "rl_config.mini_batch_size": mini_batch})
+        names = [p.name for p in phases_of(config, make_plan(config, 2))]
+        assert ("old_log_p" in names) == expected, (mini_batch, names)
+
+
+def _proximal_body() -> dict:
+    import torch.distributed as dist
+
+    from mindspeed_rl.config.schema import RLConfig
+    from mindspeed_rl.engine.actor import MegatronActor, PolicyObjective, response_logprobs
+    from mindspeed_rl.engine.micro_batches import RowBatch, build_micro_batch
+    from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
+    from mindspeed_rl.parallel.layout import ParallelLayout
+    from mindspeed_rl.platform import setup_platform
+
+    setup_platform()
+    initialize_megatron_parallel(ParallelLayout(dist.get_world_size(), 1, 1), seed=1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        vocab, lengths = 16, (5, 3)
+        responses = [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
+        extras = {"advantages": [torch.full((n,), a) for n, a in zip(lengths, (1.0, -0.5))],
+                  "logprobs_rollout": [-torch.rand(n, generator=g) * 3 for n in lengths],
+                  "off_policy": [torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0]), torch.ones(3)]}
+        batch = RowBatch([torch.tensor([1, 2]), torch.tensor([3])], responses, extras)
+        mb = build_micro_batch(batch, [0, 1], packed=False)
+        logits = torch.randn(*mb.response_ids.shape, vocab, generator=g)  # at response_index
+        out = {}
+        for given in (False, True):
+            if given:  # the old_log_p phase's log-probs: a forward at the same weights
+                mb.extras["logprobs_old"] = response_logprobs(logits, mb, vocab).detach()
+            objective = PolicyObjective(RLConfig(partial_rollout_max_split=2), kl_coef=0.0,
+                                        vocab_size=vocab, norm_length=None, temperature=1.0)
+            loss, _, _ = objective.loss(logits.clone().requires_grad_(), mb)
+            out[given] = {"loss": float(loss), "max_is_weight": float(objective.max_is_weight),
+                          **objective.sums}
+        # the update of an older row without old log-probs: refused unless its older
+        # tokens are marked off-policy
+        actor = SimpleNamespace(weight_version=3)
+        marked = RowBatch([], [], {"weight_version": [torch.tensor(2)], "off_policy": []})
+        MegatronActor._check_on_policy(actor, marked)
+        try:
+            MegatronActor._check_on_policy(actor, RowBatch([], [], {"weight_version":
+                                                                    [torch.tensor(2)]}))
+            out["unmarked"] = "accepted"
+        except RuntimeError as e:
+            out["unmarked"] = str(e)
+        return out
+    finally:
+        destroy_megatron_parallel()
+
+
+def test_without_old_log_probs_the_loss_weighs_older_tokens_against_its_own_forward():
+    out = run_on_ranks(_proximal_body, 1)[0]
+    assert out[False]["off_policy_tokens"] == 5 and out[False]["max_is_weight"] > 0
+    for key, value in out[True].items():
+        assert out[False][key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    assert "without old log-probs" in out["unmarked"]

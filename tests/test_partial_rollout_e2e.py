@@ -113,11 +113,18 @@ def test_step_wise_engine_stops_once_enough_groups_are_finished(assets):
     # thirteen) and up to 64 tokens.
     sparse = "generate_config.sampling_config.stop_token_ids=[" + ",".join(
         map(str, range(100, 130))) + "]"
+    # One optimizer step per iteration (mini-batch = global batch): no old_log_p forward,
+    # the update's own forward is the proximal policy of the carried rows.
     _, rows = _grpo(assets, "stepwise", *PARTIAL, sparse, "rl_config.async_engine=true",
                     "generate_config.sampling_config.max_tokens=64",
                     "generate_config.max_model_len=128", "megatron_training.seq_length=128",
-                    "megatron_training.train_iters=3")
+                    "megatron_training.train_iters=3", "rl_config.mini_batch_size=4")
     train = training_rows(rows)
+    assert not any("timing/old_log_p" in r for r in train.values())
+    off = [r["rollout/off_policy_token_fraction"] for r in train.values()]
+    assert max(off) > 0  # carried rows of older weights were trained, importance-weighted
+    assert all(0 < r["rollout/off_policy_is_weight_max"] <= 2.0
+               for r, f in zip(train.values(), off) if f > 0)
     for it, per_rank in enumerate(_traces(assets, "stepwise"), start=1):
         released = per_rank[0]["partial_rollout/released_round0"]
         updated = _updated(per_rank)

@@ -68,9 +68,11 @@ class MegatronActor(TrainableModel):
         Exact over micro-batches and DP ranks: each micro-batch returns the sum of its
         terms and its count of units (tokens for token-mean, sequences otherwise);
         megatron divides the gradients by the units of the whole mini-batch (all DP
-        ranks, ``calculate_per_token_loss``). Rows without ``logprobs_old`` must come
-        from the current weights (on-policy): their old log-probs are this forward's,
-        detached.
+        ranks, ``calculate_per_token_loss``). Rows without ``logprobs_old`` take this
+        forward's, detached (one optimizer step per iteration: these are the weights the
+        iteration started with); such rows must come from the current weights, or mark
+        the tokens older weights generated (``off_policy``), which the loss weighs by
+        proximal over behaviour.
         """
         self._check_on_policy(batch)
         objective = PolicyObjective(rl, kl_coef=kl_coef, vocab_size=vocab_size,
@@ -84,8 +86,9 @@ class MegatronActor(TrainableModel):
         return stats
 
     def _check_on_policy(self, batch: RowBatch) -> None:
-        """Rows without old log-probs must come from the current weights."""
-        if "logprobs_old" not in batch.extras:
+        """Rows without old log-probs must come from the current weights, unless their
+        older tokens are marked off-policy (importance-weighted against this forward)."""
+        if "logprobs_old" not in batch.extras and "off_policy" not in batch.extras:
             stale = [int(v) for v in batch.extras.pop("weight_version", []) if
                      int(v) != self.weight_version]
             if stale:

@@ -38,12 +38,12 @@ class Phase:
 
 
 def _old_logprobs_needed(config, plan) -> bool:
-    """After the first optimizer step of an iteration the policy no longer generated the
-    rows; PPO's KL-in-reward also reads the rollout policy's log-probs; a partial rollout
-    trains rows older policies (partly) generated: the recomputed proximal policy."""
+    """After the first optimizer step of an iteration the policy is no longer the one the
+    iteration started with (the proximal policy of a partial rollout's older rows); PPO's
+    KL-in-reward also reads those log-probs. With one optimizer step the update's own
+    forward runs at the proximal weights: its log-probs, detached, are the old ones."""
     rl = config.rl_config
-    return (plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
-            or rl.partial_rollout_max_split > 1)
+    return plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
 
 
 _GRPO, _PPO = ("grpo",), ("ppo",)

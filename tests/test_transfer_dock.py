@@ -519,3 +519,36 @@ def test_held_rows_reach_only_named_gets_and_survive_a_checkpoint():
         assert sorted(r0["after_release"] + r1["after_release"]) == [2, 3]
         assert sorted(map(len, (r0["odd"], r1["odd"]))) == [2, 4]
         assert sorted(r0["odd"] + r1["odd"]) == [4, 5, 6, 7, 8, 9]
+
+
+def test_checkpointed_cells_own_their_storage():
+    """Cells that view one transfer buffer as different dtypes (what a put's exchange
+    stores) are saved compact: torch.save refuses such views, and a view would write the
+    whole buffer."""
+    import io
+
+    from mindspeed_rl.checkpoint.trainer_state import unwritable
+    from mindspeed_rl.transfer_dock.warehouse import Warehouse
+
+    buffer = torch.arange(64, dtype=torch.uint8)
+    ids, logprobs = buffer[:16].view(torch.int64), buffer[16:32].view(torch.float32)
+    warehouse = Warehouse()
+    warehouse.write_many("response_ids", [3], [ids])
+    warehouse.write_many("logprobs_rollout", [3], [logprobs])
+    assert unwritable(warehouse._cells) is not None  # the views as stored: refused
+    state = warehouse.state_dict()
+    assert unwritable(state) is None
+    for column, view in (("response_ids", ids), ("logprobs_rollout", logprobs)):
+        saved = state[column][3]
+        assert torch.equal(saved, view) and saved.untyped_storage().nbytes() == view.nbytes
+    restored = torch.load(io.BytesIO(_saved(state)))
+    assert torch.equal(restored["response_ids"][3], ids)
+    assert "rank 0: its own state cannot be serialized" in unwritable({"f": lambda: 0})
+
+
+def _saved(state) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    torch.save(state, out)
+    return out.getvalue()

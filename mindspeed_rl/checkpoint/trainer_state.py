@@ -21,6 +21,7 @@ manifest; a damaged latest checkpoint falls back to the newest one that verifies
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import re
 import shutil
@@ -156,17 +157,21 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
     error = None
     try:
         tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
-        try:
-            dist_checkpointing.save(_state_dict(trainables, common, loading=False,
-                                                with_optimizer=stepped, with_rng=True,
-                                                per_rank=per_rank), str(tmp))
-            injection_point("checkpoint_write")  # test hook (MINDSPEED_RL_FAULT_INJECT)
-        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported everywhere
-            if collective_failure_kind(exc):  # a lost rank: the agreement below cannot happen
-                raise
-            error = f"rank {_rank()}: {_root_cause(exc)}"
-        # Every rank learns whether every rank wrote its shards before anything is renamed.
-        errors = [e for e in _gather(error) if e]
+        # A rank whose own state cannot be serialized would fail inside the collective save
+        # while the others wait there: every rank first learns whether every rank's can.
+        errors = [e for e in _gather(unwritable(per_rank)) if e]
+        if not errors:
+            try:
+                dist_checkpointing.save(_state_dict(trainables, common, loading=False,
+                                                    with_optimizer=stepped, with_rng=True,
+                                                    per_rank=per_rank), str(tmp))
+                injection_point("checkpoint_write")  # test hook (MINDSPEED_RL_FAULT_INJECT)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported everywhere
+                if collective_failure_kind(exc):  # a lost rank: no agreement can happen
+                    raise
+                error = f"rank {_rank()}: {_root_cause(exc)}"
+            # Every rank learns whether every rank wrote its shards before anything is renamed.
+            errors = [e for e in _gather(error) if e]
         files = describe_files(tmp) if not errors else {}
         status = None
         if _rank() == 0:
@@ -291,6 +296,15 @@ def resume_path(load_dir: str | os.PathLike) -> Path:
         _resolved[key] = candidate
         return candidate
     raise CheckpointError(f"{first_error}; no earlier checkpoint in {load_dir} verifies either")
+
+
+def unwritable(state: object) -> str | None:
+    """Why this rank's own state (``per_rank``) cannot be serialized, or None."""
+    try:
+        torch.save(state, io.BytesIO())
+    except Exception as exc:  # noqa: BLE001 - reported on every rank by the caller
+        return f"rank {_rank()}: its own state cannot be serialized: {_root_cause(exc)}"
+    return None
 
 
 def _gather(value) -> list:

@@ -52,7 +52,18 @@ class Warehouse:
                        for c, cells in self._cells.items()}
 
     def state_dict(self) -> dict[str, dict[int, torch.Tensor]]:
-        return {c: dict(cells) for c, cells in self._cells.items() if cells}
+        """The cells, each in storage of its own: a cell may be a view into a buffer it
+        shares with cells of other dtypes (a transfer's receive buffer), which torch.save
+        refuses and which would otherwise be written whole."""
+        return {c: {r: _own_storage(t) for r, t in cells.items()}
+                for c, cells in self._cells.items() if cells}
 
     def load_state_dict(self, state: dict[str, dict[int, torch.Tensor]]) -> None:
         self._cells = {c: dict(cells) for c, cells in state.items()}
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a compact copy when it views part of a larger storage."""
+    if t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone()

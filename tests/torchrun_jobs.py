@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,14 +23,27 @@ def run_job(assets: dict, run: str, *overrides: str, launcher: str, config: Path
            f"megatron_training.model={assets['model']}",
            f"megatron_training.data_path={assets['data']}",
            f"megatron_training.log_dir={log_dir}", *overrides]
-    proc = subprocess.run(cmd, cwd=assets["root"], capture_output=True, text=True,
-                          timeout=timeout,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore", **(env or {})))
+    proc = _run(cmd, cwd=assets["root"], timeout=timeout,
+                env=dict(os.environ, PYTHONWARNINGS="ignore", **(env or {})))
     if not check:
         return proc, []
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     return proc, rows
+
+
+def _run(cmd: list[str], *, cwd, timeout: float, env: dict) -> subprocess.CompletedProcess:
+    """``subprocess.run`` whose timeout also kills the ranks torchrun started (a hung job's
+    ranks would otherwise outlive the test and slow every later one)."""
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def training_rows(rows: list[dict]) -> dict[int, dict]:

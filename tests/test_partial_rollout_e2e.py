@@ -2,9 +2,11 @@
 iterations reach the update once, whole and within the age bound; a run stopped with
 partial rows in the dock resumes exactly; DAPO's rounds run on the same pool.
 
-The tiny random model rarely writes EOS, so these runs end responses at a hundred "stop"
-token ids (about one token in four): response lengths vary, most groups finish in the first
-pass, and some rows stop at the pass budget and carry over.
+The tiny random model rarely writes EOS, so these runs end responses at "stop" token ids:
+seventy of them (about one token in five) for N = 2, so that most groups finish in the
+first pass (12 of 24 tokens) and some stop at the pass budget and carry over unfinished;
+a hundred (one in four) for DAPO; thirty (one in thirteen) for the step-wise engine, whose
+responses must outlast the 16 steps between two stop checks.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ pytestmark = pytest.mark.slow
 
 CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
 STOPS = "generate_config.sampling_config.stop_token_ids=[" + ",".join(map(str, range(100, 200))) + "]"
-PARTIAL = ["rl_config.partial_rollout_max_split=4", "rl_config.log_sample_flow=true", STOPS,
-           "actor_config.tensor_model_parallel_size=1"]  # two DP ranks: each row once
+SOME = "generate_config.sampling_config.stop_token_ids=[" + ",".join(map(str, range(100, 170))) + "]"
+SPARSE = "generate_config.sampling_config.stop_token_ids=[" + ",".join(map(str, range(100, 130))) + "]"
+SPLIT = 2  # partial_rollout_max_split: no trained row is older than SPLIT - 1 iterations
+PARTIAL = [f"rl_config.partial_rollout_max_split={SPLIT}", "rl_config.log_sample_flow=true",
+           SOME, "actor_config.tensor_model_parallel_size=1"]  # two DP ranks: each row once
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +71,7 @@ def test_carried_rows_train_once_whole_and_young_and_resume_exactly(assets):
         updated = _updated(per_rank)
         assert updated == released, it  # exactly the released (finished) rows, once each
         trained += updated
-        assert train[it]["partial_rollout/trained_age_max"] <= 3  # N - 1
+        assert train[it]["partial_rollout/trained_age_max"] <= SPLIT - 1
     assert len(trained) == len(set(trained))  # no row id trains twice, across iterations
     # rows really carried over, some of them unfinished with tokens, and were trained
     # off-policy with truncated importance weights
@@ -109,13 +114,10 @@ def test_dapo_rounds_draw_on_the_partial_rollout_pool(assets):
 def test_step_wise_engine_stops_once_enough_groups_are_finished(assets):
     """async_engine: one pass per round decodes until the round's groups are finished on
     every rank together, then aborts the rest, which carry over with their tokens."""
-    # Longer responses than the 16 steps between two stop checks: 30 stop ids (one token in
-    # thirteen) and up to 64 tokens.
-    sparse = "generate_config.sampling_config.stop_token_ids=[" + ",".join(
-        map(str, range(100, 130))) + "]"
+    # Longer responses than the 16 steps between two stop checks: up to 64 tokens.
     # One optimizer step per iteration (mini-batch = global batch): no old_log_p forward,
     # the update's own forward is the proximal policy of the carried rows.
-    _, rows = _grpo(assets, "stepwise", *PARTIAL, sparse, "rl_config.async_engine=true",
+    _, rows = _grpo(assets, "stepwise", *PARTIAL, SPARSE, "rl_config.async_engine=true",
                     "generate_config.sampling_config.max_tokens=64",
                     "generate_config.max_model_len=128", "megatron_training.seq_length=128",
                     "megatron_training.train_iters=3", "rl_config.mini_batch_size=4")
@@ -130,7 +132,7 @@ def test_step_wise_engine_stops_once_enough_groups_are_finished(assets):
         updated = _updated(per_rank)
         assert updated == released and len(released) == 4 * 4
         assert train[it]["partial_rollout/passes"] <= 1  # no budget: one pass is enough
-        assert train[it]["partial_rollout/trained_age_max"] <= 3
+        assert train[it]["partial_rollout/trained_age_max"] <= SPLIT - 1
     # the first pass stopped with rows unfinished: they carry over with their tokens
     assert train[1]["partial_rollout/carried_unfinished_rows"] > 0
     assert train[1]["partial_rollout/carried_tokens"] > 0

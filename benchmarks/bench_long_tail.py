@@ -1,20 +1,22 @@
 """Long-tail rollouts: the trainer's rollout and iteration with and without partial rollout.
 
-    python benchmarks/bench_long_tail.py [--splits 1 2 4] [--iterations 6] [--warmup 2] \\
-        [--model DIR] [--max-tokens 1024] [--sigma 1.2] [--median 48]
+    python benchmarks/bench_long_tail.py [--splits 1 2 4] [--iterations 16] [--warmup 2] \\
+        [--groups 8] [--model DIR] [--max-tokens 1024] [--sigma 1.2] [--median 48]
 
 One run, side by side: for each ``rl_config.partial_rollout_max_split`` N in ``--splits``
 it launches ``torchrun --nproc_per_node 2`` on this script (``--worker``), which builds the
 trainer exactly as pretrain_grpo.py does (``mindspeed_rl.trainer.launch``), runs
 ``--warmup`` + ``--iterations`` GRPO iterations and reports the timed ones. Every N trains
-the same number of groups per iteration (``global_batch_size``), so the comparison is at
+the same number of groups per iteration (``--groups`` = ``global_batch_size``, one
+optimizer step, token-budget micro-batches: ``use_dynamic_bsz``), so the comparison is at
 equal trained samples. The last stdout line is one JSON object::
 
     {"workload": {...}, "runs": {"1": {...}, "2": {...}, "4": {...}},
      "ratios_vs_1": {"2": {"rollout": ..., "iteration": ...}, ...}}
 
 with, per N: ``rollout_s_per_iteration`` and ``iteration_s`` (means over the timed
-iterations of ``timing/rollout`` and ``timing/all``), ``generated_tokens_per_s``
+iterations of ``timing/rollout`` and ``timing/all``), ``trained_tokens_per_iteration``
+(the response tokens the update covered, ``actor/loss_tokens``), ``generated_tokens_per_s``
 (tokens generated / rollout seconds), ``decode_occupancy`` (mean over the decode steps of
 the fraction of a call's sequences still decoding: 1 when all responses of a call are
 equally long) and the response-length quantiles of the generated rows.
@@ -125,6 +127,7 @@ def worker(args) -> dict | None:
             metrics = trainer.run_iteration(it)
             if it > args.warmup:
                 rows.append({"rollout": metrics["timing/rollout"], "all": metrics["timing/all"],
+                             "trained_tokens": metrics["actor/loss_tokens"],
                              "tokens": tail.tokens - tokens_before,
                              "slots": tail.slots - slots_before})
         lengths = [None] * dist.get_world_size()
@@ -139,6 +142,7 @@ def worker(args) -> dict | None:
     rollout = statistics.mean(r["rollout"] for r in rows)
     return {"rollout_s_per_iteration": rollout,
             "iteration_s": statistics.mean(r["all"] for r in rows),
+            "trained_tokens_per_iteration": statistics.mean(r["trained_tokens"] for r in rows),
             "generated_tokens_per_s": statistics.mean(tokens) / rollout,
             "decode_occupancy": sum(tokens) / max(slots, 1),
             "response_length_median": statistics.median(lengths) if lengths else 0,
@@ -161,12 +165,19 @@ def _assets(root: str, model: str | None, max_tokens: int) -> tuple[str, str]:
 def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[str]:
     return [f"megatron_training.model={model}", f"megatron_training.data_path={data}",
             f"megatron_training.log_dir={log_dir}", "actor_config.save=null",
-            "megatron_training.test_data_path=null", "megatron_training.global_batch_size=8",
+            "megatron_training.test_data_path=null",
+            f"megatron_training.global_batch_size={args.groups}",
             f"megatron_training.train_iters={args.warmup + args.iterations}",
-            f"megatron_training.seq_length={args.max_tokens + 64}", "rl_config.mini_batch_size=8",
+            f"megatron_training.seq_length={args.max_tokens + 64}",
+            f"rl_config.mini_batch_size={args.groups}",
             "rl_config.init_kl_coef=0", "rl_config.max_prompt_length=64",
             f"generate_config.max_model_len={args.max_tokens + 64}",
-            "generate_config.max_num_seqs=64",
+            f"generate_config.max_num_seqs={max(64, 8 * args.groups)}",
+            # token-budget micro-batches of rows of similar length, as long-sequence configs
+            # run: no training on padding to the longest row of the batch. (Packing them,
+            # use_remove_padding, falls back to a block-diagonal mask on CPU: 4x slower here.)
+            "rl_config.use_dynamic_bsz=true",
+            f"rl_config.max_packing_token_size={2 * (args.max_tokens + 64)}",
             f"generate_config.sampling_config.max_tokens={args.max_tokens}",
             f"rl_config.partial_rollout_max_split={split}",
             f"rl_config.async_engine={str(args.async_engine and split > 1).lower()}",
@@ -202,7 +213,7 @@ def driver(args) -> dict:
                                     f"per prompt, capped at {args.max_tokens}, ignore_eos",
                          "p99_over_median": lengths["response_length_p99"]
                          / max(lengths["response_length_median"], 1),
-                         "global_batch_size": 8, "n_samples_per_prompt": 4,
+                         "global_batch_size": args.groups, "n_samples_per_prompt": 4,
                          "timed_iterations": args.iterations, "warmup": args.warmup},
             "runs": runs, "ratios_vs_1": ratios}
 
@@ -229,8 +240,9 @@ def plot(result: dict, path: str) -> None:
         ax.set_xticks(list(x), [f"N={n}" for n in splits])
         ax.set_xlabel("partial_rollout_max_split")
     ax_time.legend()
-    fig.suptitle(f"long-tail rollouts, {result['workload'].get('engine', '')} "
-                 f"({result['workload']['lengths']})", fontsize=9)
+    w = result["workload"]
+    fig.suptitle(f"long-tail rollouts, {w.get('engine', '')}, {w['global_batch_size']} groups x "
+                 f"{w['n_samples_per_prompt']} per iteration ({w['lengths']})", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -239,9 +251,11 @@ def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "grpo_tiny_test.yaml"))
     p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--iterations", type=int, default=6)
+    p.add_argument("--iterations", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--model", default=None, help="HF model dir (default: a tiny random qwen2)")
+    p.add_argument("--groups", type=int, default=8,
+                   help="prompts (groups of 4 responses) trained per iteration, for every N")
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--median", type=float, default=48.0)
     p.add_argument("--sigma", type=float, default=1.2)

@@ -47,3 +47,5 @@ def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
     assert set(result["runs"]) == {"1", "2"} and set(result["ratios_vs_1"]) == {"2"}
     for run in result["runs"].values():
         assert run["rollout_s_per_iteration"] > 0 and 0 < run["decode_occupancy"] <= 1
+        # every N trains global_batch_size groups of n = 4 responses of at least one token
+        assert run["trained_tokens_per_iteration"] >= 8 * 4

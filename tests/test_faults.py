@@ -430,6 +430,52 @@ def disagreeing_tracker_body(base: str, stale_rank: int) -> list[str]:
     return outcomes
 
 
+def stopping_body() -> tuple[int, str]:
+    """A SIGTERM arrived (the agent stops this rank), then the work it cut off raised."""
+    import contextlib
+    import io
+
+    import mindspeed_rl.trainer.launch_guard as launch_guard
+    from mindspeed_rl.fault.preemption import preemption
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    launch_guard._exit = exit_
+    guard = launch_guard.LaunchGuard.__new__(launch_guard.LaunchGuard)
+    guard.prog, guard.save_dir, guard.first_iteration, guard.timeout_s = "job", None, 0, 60
+    preemption.install(60)
+    err = io.StringIO()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not preemption.requested and time.monotonic() < deadline:
+            time.sleep(0.05)  # the watcher thread sets the flag
+        try:
+            raise RuntimeError("C++ compile failed\nat::vec has not been declared")
+        except RuntimeError as error:
+            with contextlib.redirect_stderr(err):
+                try:
+                    guard.failed(error)
+                except SystemExit as stop:
+                    return stop.code, err.getvalue()
+    finally:
+        preemption.uninstall()
+    return 0, err.getvalue()
+
+
+def test_an_error_while_the_agent_stops_the_rank_is_one_line():
+    """A rank the agent is stopping (another node failed) whose cut-off work raises says so
+    in one line, not with a traceback (the error file keeps the trace)."""
+    from mindspeed_rl.testing import run_on_ranks
+
+    code, text = run_on_ranks(stopping_body, 1, timeout=120)[0]
+    assert code == 1 and "Traceback" not in text, text
+    assert text.strip().splitlines()[-1] == (
+        "job: error: stopped by SIGTERM in phase 'startup'; while stopping: RuntimeError: C++ "
+        "compile failed"), text
+
+
 @pytest.mark.parametrize("stale_rank, expected", [(1, ["saved"]), (0, [])],
                          ids=["rank1_reads_saved", "rank0_reads_saved"])
 def test_ranks_save_together_when_their_tracker_reads_differ(tmp_path, stale_rank, expected):

@@ -163,6 +163,17 @@ class LaunchGuard:
             write_error_file(message)
             _exit(FAILURE_EXIT)
         text = "".join(traceback.format_exception(error))
+        if preemption.requested:
+            # The agent is stopping this rank (another node failed, or the job was
+            # cancelled) and what ran was cut off mid-way (a kernel compile, a store the
+            # other node hosted): a consequence, said in one line; the trace goes to the
+            # error file (MINDSPEED_RL_DEBUG=1 prints it).
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            message = (f"{self.prog}: error: stopped by SIGTERM in phase '{tracker.phase}'; "
+                       f"while stopping: {type(error).__name__}: {first}")
+            print(message, file=sys.stderr, flush=True)
+            write_error_file(message, text)
+            _exit(FAILURE_EXIT)
         print(text, file=sys.stderr, end="", flush=True)
         write_error_file(f"{self.prog}: {type(error).__name__}: {error}", text)
         _exit(FAILURE_EXIT)

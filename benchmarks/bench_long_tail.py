@@ -1,7 +1,7 @@
 """Long-tail rollouts: the trainer's rollout and iteration with and without partial rollout.
 
     python benchmarks/bench_long_tail.py [--splits 1 2 4] [--iterations 16] [--warmup 2] \\
-        [--groups 8] [--model DIR] [--max-tokens 1024] [--sigma 1.2] [--median 48]
+        [--groups 8] [--repeats 1] [--model DIR] [--max-tokens 1024] [--sigma 1.2] [--median 48]
 
 One run, side by side: for each ``rl_config.partial_rollout_max_split`` N in ``--splits``
 it launches ``torchrun --nproc_per_node 2`` on this script (``--worker``), which builds the
@@ -12,22 +12,30 @@ optimizer step, token-budget micro-batches: ``use_dynamic_bsz``), so the compari
 equal trained samples. The last stdout line is one JSON object::
 
     {"workload": {...}, "runs": {"1": {...}, "2": {...}, "4": {...}},
-     "ratios_vs_1": {"2": {"rollout": ..., "iteration": ...}, ...}}
+     "ratios_vs_1": {"2": {"rollout": ..., "iteration": ..., "decode_steps": ...}, ...}}
 
 with, per N: ``rollout_s_per_iteration`` and ``iteration_s`` (means over the timed
 iterations of ``timing/rollout`` and ``timing/all``), ``trained_tokens_per_iteration``
 (the response tokens the update covered, ``actor/loss_tokens``), ``generated_tokens_per_s``
 (tokens generated / rollout seconds), ``decode_occupancy`` (mean over the decode steps of
 the fraction of a call's sequences still decoding: 1 when all responses of a call are
-equally long) and the response-length quantiles of the generated rows.
+equally long), ``decode_steps_per_iteration`` (engine steps of the rollout, counted as each
+call's longest new segment, on the generation-DP rank with most: what rollout time follows
+where a step costs the same whatever its batch, as memory-bound decoding on an accelerator
+does; on a CPU a step costs about in proportion to its sequences, so the seconds gain less)
+and the response-length quantiles of the generated rows. ``cpu_steal_fraction`` is the
+share of the machine's CPU time the hypervisor gave to other guests during the timed
+iterations (/proc/stat): on a virtual machine it is the timing noise (the driver warns on
+stderr above 5 %); compare runs whose steal is alike. ``--repeats R`` runs the Ns in turn
+R times and reports each N's medians (and, per run, its seconds and steal).
 
 The workload (say which, the issue asks): per-prompt response lengths drawn from a
 lognormal (``--median``, ``--sigma``, capped at ``--max-tokens``) and enforced with
 vLLM's ``ignore_eos``: the engine decodes every request to its drawn length, which then
 counts as the response's end (finish reason "stop"); the n samples of a prompt share
 its length. The model is the tiny random qwen2 (``mindspeed_rl.models.tiny``, made on
-the fly unless ``--model``): decode cost is per step, not per parameter, so the tail is
-what the timing shows. Data: arithmetic prompts (``make_arithmetic_problems``).
+the fly unless ``--model``), so the rollout's cost is decoding, not the weights. Data:
+arithmetic prompts (``make_arithmetic_problems``).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from json_report import stdout_reserved_for_json  # noqa: E402 - benchmarks/ is 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = "bench_long_tail.py"
+STEAL_WARNING = 0.05  # cpu_steal_fraction above which a run's seconds are noise
 
 
 # ---- the workload: a drawn length per prompt ---------------------------------------------
@@ -61,13 +70,15 @@ def drawn_length(prompt: tuple[int, ...], median: float, sigma: float, cap: int)
 
 class LongTail:
     """Wraps the trainer's RolloutEngine: each request decodes (``ignore_eos``) up to its
-    prompt's drawn length, which then counts as its end; records the decode occupancy."""
+    prompt's drawn length, which then counts as its end; counts what the rollout decodes."""
+
+    COUNTS = ("tokens", "slots", "steps")
 
     def __init__(self, engine, prompts, median: float, sigma: float, cap: int) -> None:
         self.engine, self.median, self.sigma, self.cap = engine, median, sigma, cap
         self.prompts = {tuple(p) for p in prompts}
         self.prompt_lengths = sorted({len(p) for p in self.prompts})
-        self.tokens = self.slots = 0  # generated tokens; sequences x decode steps
+        self.tokens = self.slots = self.steps = 0  # generated tokens; sequences x steps; steps
         self.lengths: list[int] = []  # finished responses' lengths
         self._generate, self._stepwise = engine.generate, engine.generate_stepwise
         self._params = engine._params
@@ -96,6 +107,7 @@ class LongTail:
         news = [len(c.token_ids) for group in result.completions for c in group]
         self.tokens += sum(news)
         self.slots += len(news) * max(news, default=0)
+        self.steps += max(news, default=0)
         for request, group in zip(prompts, result.completions):
             length, done = self._split(request)
             for c in group:
@@ -111,6 +123,24 @@ class LongTail:
         return self._account(prompts, self._stepwise(prompts, sampling, **kwargs))
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU time counters (/proc/stat: user ... steal); [] where there are none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
+def steal_fraction(before: list[int], after: list[int]) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests in between (a virtual
+    machine's timing noise), or None where it is not counted."""
+    if len(before) < 8 or len(after) < 8:
+        return None
+    spent = [b - a for a, b in zip(before, after)]
+    return spent[7] / max(sum(spent), 1)
+
+
 # ---- one N, under torchrun ---------------------------------------------------------------
 def worker(args) -> dict | None:
     import torch.distributed as dist
@@ -121,15 +151,17 @@ def worker(args) -> dict | None:
     with trainer_session(config, plan, header=PROG) as trainer:
         prompts = [trainer.train_data[i].prompt_ids for i in range(len(trainer.train_data))]
         tail = LongTail(trainer.roles.rollout, prompts, args.median, args.sigma, args.max_tokens)
-        rows = []
+        rows, clock = [], []
         for it in range(1, args.warmup + args.iterations + 1):
-            tokens_before, slots_before = tail.tokens, tail.slots
+            if it == args.warmup + 1:
+                clock.append(cpu_times())
+            before = {k: getattr(tail, k) for k in LongTail.COUNTS}
             metrics = trainer.run_iteration(it)
             if it > args.warmup:
                 rows.append({"rollout": metrics["timing/rollout"], "all": metrics["timing/all"],
                              "trained_tokens": metrics["actor/loss_tokens"],
-                             "tokens": tail.tokens - tokens_before,
-                             "slots": tail.slots - slots_before})
+                             **{k: getattr(tail, k) - before[k] for k in LongTail.COUNTS}})
+        clock.append(cpu_times())
         lengths = [None] * dist.get_world_size()
         dist.all_gather_object(lengths, tail.lengths if trainer.ranks.is_gen_writer else [])
         per_rank = [None] * dist.get_world_size()
@@ -139,12 +171,16 @@ def worker(args) -> dict | None:
     lengths = sorted(x for part in lengths for x in part)
     tokens = [sum(r[k]["tokens"] for r in per_rank if r) for k in range(args.iterations)]
     slots = sum(r[k]["slots"] for r in per_rank if r for k in range(args.iterations))
+    # the generation-DP ranks decode side by side: an iteration waits for the one with most
+    steps = [max(r[k]["steps"] for r in per_rank if r) for k in range(args.iterations)]
     rollout = statistics.mean(r["rollout"] for r in rows)
     return {"rollout_s_per_iteration": rollout,
             "iteration_s": statistics.mean(r["all"] for r in rows),
             "trained_tokens_per_iteration": statistics.mean(r["trained_tokens"] for r in rows),
             "generated_tokens_per_s": statistics.mean(tokens) / rollout,
             "decode_occupancy": sum(tokens) / max(slots, 1),
+            "decode_steps_per_iteration": statistics.mean(steps),
+            "cpu_steal_fraction": steal_fraction(*clock),
             "response_length_median": statistics.median(lengths) if lengths else 0,
             "response_length_p99": lengths[min(len(lengths) - 1, int(0.99 * len(lengths)))]
             if lengths else 0}
@@ -188,23 +224,37 @@ def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[st
 def driver(args) -> dict:
     root = tempfile.mkdtemp(prefix="bench_long_tail_")
     model, data = _assets(root, args.model, args.max_tokens)
-    runs = {}
-    for split in args.splits:
+    each: dict[str, list[dict]] = {str(split): [] for split in args.splits}
+    # --repeats R: the Ns in turn, R times, so that a slow spell of the machine does not
+    # fall on one N only; each N's numbers are then the medians of its R runs
+    for repeat, split in ((r, s) for r in range(args.repeats) for s in args.splits):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                os.path.abspath(__file__), "--worker", "--config", args.config,
                "--iterations", str(args.iterations), "--warmup", str(args.warmup),
                "--median", str(args.median), "--sigma", str(args.sigma),
                "--max-tokens", str(args.max_tokens),
-               *_overrides(args, model, data, split, os.path.join(root, f"logs_{split}"))]
-        print(f"[{PROG}] partial_rollout_max_split={split}", file=sys.stderr, flush=True)
+               *_overrides(args, model, data, split,
+                           os.path.join(root, f"logs_{split}" + (f"_{repeat}" if repeat else "")))]
+        print(f"[{PROG}] partial_rollout_max_split={split}"
+              + (f" (repeat {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""),
+              file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
         if proc.returncode:
             raise SystemExit(f"{PROG}: the run with partial_rollout_max_split={split} failed "
                              f"(exit {proc.returncode}); its log is above")
-        runs[str(split)] = json.loads(proc.stdout.strip().splitlines()[-1])
+        run = json.loads(proc.stdout.strip().splitlines()[-1])
+        if (run["cpu_steal_fraction"] or 0) > STEAL_WARNING:
+            print(f"[{PROG}] warning: the hypervisor took "
+                  f"{100 * run['cpu_steal_fraction']:.0f} % of the CPU time during this run of "
+                  f"N={split}; its seconds are not comparable with the other runs' (rerun, "
+                  "or --repeats)", file=sys.stderr, flush=True)
+        each[str(split)].append(run)
+    runs = {n: _medians(r) for n, r in each.items()}
     base = runs.get("1")
     ratios = {n: {"rollout": r["rollout_s_per_iteration"] / base["rollout_s_per_iteration"],
-                  "iteration": r["iteration_s"] / base["iteration_s"]}
+                  "iteration": r["iteration_s"] / base["iteration_s"],
+                  "decode_steps": r["decode_steps_per_iteration"]
+                  / base["decode_steps_per_iteration"]}
               for n, r in runs.items() if base and n != "1"}
     lengths = runs[str(args.splits[0])]
     return {"workload": {"model": args.model or "tiny qwen2 (random)",
@@ -215,12 +265,24 @@ def driver(args) -> dict:
                          "p99_over_median": lengths["response_length_p99"]
                          / max(lengths["response_length_median"], 1),
                          "global_batch_size": args.groups, "n_samples_per_prompt": 4,
-                         "timed_iterations": args.iterations, "warmup": args.warmup},
+                         "timed_iterations": args.iterations, "warmup": args.warmup,
+                         "repeats": args.repeats},
             "runs": runs, "ratios_vs_1": ratios}
 
 
+def _medians(runs: list[dict]) -> dict:
+    """One N's numbers over its repeats: each the median of its runs'; with several runs
+    also the seconds and CPU steal of each."""
+    out = {k: statistics.median(r[k] for r in runs) if runs[0][k] is not None
+           and all(r[k] is not None for r in runs) else None for k in runs[0]}
+    if len(runs) > 1:
+        for k in ("rollout_s_per_iteration", "iteration_s", "cpu_steal_fraction"):
+            out[f"{k}_each"] = [r[k] for r in runs]
+    return out
+
+
 def plot(result: dict, path: str) -> None:
-    """Bars per N: rollout and iteration seconds, decode occupancy."""
+    """Bars per N: rollout and iteration seconds, decode steps, decode occupancy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,16 +290,19 @@ def plot(result: dict, path: str) -> None:
 
     splits = list(result["runs"])
     runs = [result["runs"][n] for n in splits]
-    fig, (ax_time, ax_occ) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, (ax_time, ax_steps, ax_occ) = plt.subplots(1, 3, figsize=(12, 3.4))
     x = range(len(splits))
     ax_time.bar([i - 0.2 for i in x], [r["rollout_s_per_iteration"] for r in runs], 0.4,
                 label="rollout")
     ax_time.bar([i + 0.2 for i in x], [r["iteration_s"] for r in runs], 0.4, label="iteration")
     ax_time.set_ylabel("seconds per iteration")
+    ax_steps.bar(list(x), [r["decode_steps_per_iteration"] for r in runs], 0.5,
+                 color="tab:purple")
+    ax_steps.set_ylabel("decode steps per iteration")
     ax_occ.bar(list(x), [r["decode_occupancy"] for r in runs], 0.5, color="tab:green")
     ax_occ.set_ylabel("mean decode-batch occupancy")
     ax_occ.set_ylim(0, 1)
-    for ax in (ax_time, ax_occ):
+    for ax in (ax_time, ax_steps, ax_occ):
         ax.set_xticks(list(x), [f"N={n}" for n in splits])
         ax.set_xlabel("partial_rollout_max_split")
     ax_time.legend()
@@ -254,6 +319,9 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--iterations", type=int, default=16)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the Ns in turn this many times and report each N's medians "
+                        "(for a machine whose speed drifts)")
     p.add_argument("--model", default=None, help="HF model dir (default: a tiny random qwen2)")
     p.add_argument("--groups", type=int, default=8,
                    help="prompts (groups of 4 responses) trained per iteration, for every N")
@@ -266,7 +334,10 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, help="also write the bars to this PNG")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    return p.parse_intermixed_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give 1 or more")
+    return args
 
 
 def main(argv=None) -> int:

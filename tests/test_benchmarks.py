@@ -30,6 +30,22 @@ def test_bench_transfer_dock_replays_the_declared_flow(algorithm):
         assert result["row_bytes_rank0_own_share"] > 0 and result["seconds_per_iteration"] > 0
 
 
+def test_long_tail_repeats_report_each_ns_medians():
+    """--repeats: an N's numbers are the medians of its runs, the seconds of each kept."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_long_tail import _medians, _parse
+
+    runs = [{"rollout_s_per_iteration": s, "iteration_s": 2 * s, "cpu_steal_fraction": f,
+             "decode_steps_per_iteration": 10} for s, f in ((3.0, 0.2), (1.0, None), (2.0, 0.0))]
+    out = _medians(runs)
+    assert (out["rollout_s_per_iteration"], out["iteration_s"]) == (2.0, 4.0)
+    assert out["cpu_steal_fraction"] is None and out["decode_steps_per_iteration"] == 10
+    assert out["rollout_s_per_iteration_each"] == [3.0, 1.0, 2.0]
+    assert "rollout_s_per_iteration_each" not in _medians(runs[:1])
+    with pytest.raises(SystemExit):
+        _parse(["--repeats", "0"])
+
+
 def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
     """bench_long_tail.py's drawn lengths have p99 / median >= 8 (the issue's bar), and a
     short run of N = 1 and N = 2 prints its JSON with both runs and their ratio."""
@@ -49,3 +65,6 @@ def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
         assert run["rollout_s_per_iteration"] > 0 and 0 < run["decode_occupancy"] <= 1
         # every N trains global_batch_size groups of n = 4 responses of at least one token
         assert run["trained_tokens_per_iteration"] >= 8 * 4
+        assert run["cpu_steal_fraction"] is None or 0 <= run["cpu_steal_fraction"] <= 1
+    # N = 1 runs one generate call per iteration: its steps are its longest response
+    assert 0 < result["runs"]["1"]["decode_steps_per_iteration"] <= 96

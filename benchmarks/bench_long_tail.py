@@ -273,8 +273,8 @@ def driver(args) -> dict:
 def _medians(runs: list[dict]) -> dict:
     """One N's numbers over its repeats: each the median of its runs'; with several runs
     also the seconds and CPU steal of each."""
-    out = {k: statistics.median(r[k] for r in runs) if runs[0][k] is not None
-           and all(r[k] is not None for r in runs) else None for k in runs[0]}
+    out = {k: statistics.median(r[k] for r in runs) if all(r[k] is not None for r in runs)
+           else None for k in runs[0]}
     if len(runs) > 1:
         for k in ("rollout_s_per_iteration", "iteration_s", "cpu_steal_fraction"):
             out[f"{k}_each"] = [r[k] for r in runs]

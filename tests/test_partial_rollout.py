@@ -145,18 +145,36 @@ def _continuation_body(hf_dir: str) -> dict:
         for i, group in zip(todo, out):
             pieces[i] += group[0].token_ids
             logprobs[i] += group[0].logprobs
+    # the step-wise engine: run to the end, and stopped at its first check (8 steps)
+    full = engine.generate_stepwise(prompts, greedy, stop=all).completions
+    cut = engine.generate_stepwise(prompts, greedy, stop=lambda finished: True,
+                                   check_every=8).completions
     engine.shutdown()
     return {"whole": [g[0].token_ids for g in whole], "pieces": pieces,
-            "whole_lp": [g[0].logprobs for g in whole], "pieces_lp": logprobs}
+            "whole_lp": [g[0].logprobs for g in whole], "pieces_lp": logprobs,
+            "stepwise": [(g[0].token_ids, g[0].logprobs, g[0].finish_reason) for g in full],
+            "cut": [(g[0].token_ids, g[0].logprobs, g[0].finish_reason) for g in cut],
+            "reasons": [g[0].finish_reason for g in whole]}
 
 
 @pytest.mark.slow
 def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
+    """Three re-prefilled segments give the uninterrupted greedy response; so does the
+    step-wise engine, and one stopped early keeps the tokens it got."""
     r = run_on_ranks(_continuation_body, 1, tiny["model"])[0]
     assert r["pieces"] == r["whole"]
     assert any(len(w) > 8 for w in r["whole"])  # at least one response really continued
     for a, b in zip(r["whole_lp"], r["pieces_lp"]):
         assert np.allclose(a, b, atol=1e-4)
+    # step by step: the same tokens, log-probs and finish reasons as one generate call; a
+    # pass stopped early keeps each unfinished response's tokens so far, marked "abort"
+    for (ids, lps, reason), whole, whole_lp, whole_reason in zip(
+            r["stepwise"], r["whole"], r["whole_lp"], r["reasons"]):
+        assert (ids, reason) == (whole, whole_reason) and np.allclose(lps, whole_lp, atol=1e-4)
+    assert any(reason == "abort" for _, _, reason in r["cut"])
+    for (ids, lps, reason), whole, whole_lp in zip(r["cut"], r["whole"], r["whole_lp"]):
+        assert ids == whole[:len(ids)] and np.allclose(lps, whole_lp[:len(ids)], atol=1e-4)
+        assert (reason == "abort") == (len(ids) < len(whole)) and len(ids) >= 1
 
 
 def test_the_policy_objective_weights_older_tokens_by_proximal_over_behaviour():

@@ -371,30 +371,33 @@ class RolloutEngine:
         requests sample what :meth:`generate` samples.
         """
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         params = self._params(prompts, 1, sampling, seeds, max_tokens, min_tokens)
         engine = self.llm.llm_engine
         ids = [f"msrl-step-{self._next_request}-{i}" for i in range(len(prompts))]
         self._next_request += 1
+        # Each step's new tokens only (vLLM's default hands out every request's whole output
+        # so far at every step); they add up to what an aborted request got.
+        got = {rid: Completion([], [], "abort") for rid in ids}
         for rid, prompt, param in zip(ids, prompts, params):
+            param.output_kind = RequestOutputKind.DELTA
             engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), param)
-        last: dict[str, object] = {}
         while True:
             for _ in range(check_every):
                 if not engine.has_unfinished_requests():
                     break
                 for out in engine.step():
-                    last[out.request_id] = out
-            finished = [rid in last and last[rid].finished for rid in ids]
+                    new, c = _completion(out.outputs[0]), got[out.request_id]
+                    c.token_ids += new.token_ids
+                    c.logprobs += new.logprobs
+                    if out.finished:
+                        c.finish_reason = new.finish_reason
+            finished = [got[rid].finish_reason != "abort" for rid in ids]
             if stop(finished):
                 break
         engine.abort_request([rid for rid, done in zip(ids, finished) if not done])
-        result = RolloutResult()
-        for rid, done in zip(ids, finished):
-            out = last.get(rid)
-            c = _completion(out.outputs[0]) if out is not None else Completion([], [])
-            result.completions.append([c if done else Completion(c.token_ids, c.logprobs,
-                                                                 "abort")])
+        result = RolloutResult([[got[rid]] for rid in ids])
         check_finite_logprobs(result, self.dp_rank)
         return result
 

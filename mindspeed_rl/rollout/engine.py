@@ -388,7 +388,9 @@ class RolloutEngine:
                 if not engine.has_unfinished_requests():
                     break
                 for out in engine.step():
-                    new, c = _completion(out.outputs[0]), got[out.request_id]
+                    if (c := got.get(out.request_id)) is None:  # not one of this call's
+                        continue
+                    new = _completion(out.outputs[0])
                     c.token_ids += new.token_ids
                     c.logprobs += new.logprobs
                     if out.finished:

@@ -151,17 +151,17 @@ def worker(args) -> dict | None:
     with trainer_session(config, plan, header=PROG) as trainer:
         prompts = [trainer.train_data[i].prompt_ids for i in range(len(trainer.train_data))]
         tail = LongTail(trainer.roles.rollout, prompts, args.median, args.sigma, args.max_tokens)
-        rows, clock = [], []
+        rows = []
         for it in range(1, args.warmup + args.iterations + 1):
             if it == args.warmup + 1:
-                clock.append(cpu_times())
+                timed_from = cpu_times()
             before = {k: getattr(tail, k) for k in LongTail.COUNTS}
             metrics = trainer.run_iteration(it)
             if it > args.warmup:
                 rows.append({"rollout": metrics["timing/rollout"], "all": metrics["timing/all"],
                              "trained_tokens": metrics["actor/loss_tokens"],
                              **{k: getattr(tail, k) - before[k] for k in LongTail.COUNTS}})
-        clock.append(cpu_times())
+        steal = steal_fraction(timed_from, cpu_times())
         lengths = [None] * dist.get_world_size()
         dist.all_gather_object(lengths, tail.lengths if trainer.ranks.is_gen_writer else [])
         per_rank = [None] * dist.get_world_size()
@@ -180,7 +180,7 @@ def worker(args) -> dict | None:
             "generated_tokens_per_s": statistics.mean(tokens) / rollout,
             "decode_occupancy": sum(tokens) / max(slots, 1),
             "decode_steps_per_iteration": statistics.mean(steps),
-            "cpu_steal_fraction": steal_fraction(*clock),
+            "cpu_steal_fraction": steal,
             "response_length_median": statistics.median(lengths) if lengths else 0,
             "response_length_p99": lengths[min(len(lengths) - 1, int(0.99 * len(lengths)))]
             if lengths else 0}

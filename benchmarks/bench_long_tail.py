@@ -335,8 +335,9 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
-    if args.repeats < 1:
-        p.error(f"--repeats {args.repeats}: give 1 or more")
+    for name in ("repeats", "iterations"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} {getattr(args, name)}: give 1 or more")
     return args
 
 

@@ -42,8 +42,9 @@ def test_long_tail_repeats_report_each_ns_medians():
     assert out["cpu_steal_fraction"] is None and out["decode_steps_per_iteration"] == 10
     assert out["rollout_s_per_iteration_each"] == [3.0, 1.0, 2.0]
     assert "rollout_s_per_iteration_each" not in _medians(runs[:1])
-    with pytest.raises(SystemExit):
-        _parse(["--repeats", "0"])
+    for bad in (["--repeats", "0"], ["--iterations", "0"]):
+        with pytest.raises(SystemExit):
+            _parse(bad)
 
 
 def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():

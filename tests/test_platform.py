@@ -88,3 +88,19 @@ def test_forced_device_env():
             print("ERR", exc)
         """, env={"MINDSPEED_RL_DEVICE": "tpu"})
     assert "MINDSPEED_RL_DEVICE='tpu' is not a device" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("device_type,backend", [("cuda", "nccl"), ("npu", "hccl"),
+                                                 ("cpu", "gloo")])
+def test_world_group_reduces_cpu_tensors_on_every_platform(device_type, backend):
+    """The trainer reduces metric sums, stop flags and counts as CPU tensors on the world
+    group; NCCL or HCCL alone has no backend for them."""
+    import torch.distributed as dist
+
+    from mindspeed_rl.platform.platform import Platform
+
+    config = Platform(device_type, backend).process_group_backend
+    devices = dist.BackendConfig(dist.Backend(config)).get_device_backend_map()
+    assert devices["cpu"] == "gloo"
+    if device_type != "cpu":
+        assert devices[device_type] == backend

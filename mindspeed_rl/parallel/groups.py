@@ -41,7 +41,7 @@ def init_distributed(platform, timeout_s: float = 1800) -> None:
     communicator_env(timeout_s)  # read by HCCL when its communicators start
     platform.set_device()
     # NCCL (and gloo) take their timeout from the process group: the same bound.
-    dist.init_process_group(platform.backend, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(platform.process_group_backend, timeout=timedelta(seconds=timeout_s))
 
 
 # HCCL's accepted ranges (CANN): connect 120..7200 s, execution 0..17340 s.

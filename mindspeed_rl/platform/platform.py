@@ -30,6 +30,16 @@ class Platform:
     device_type: str  # "npu" | "cuda" | "cpu"
     backend: str  # collective backend for torch.distributed: "hccl" | "nccl" | "gloo"
 
+    @property
+    def process_group_backend(self) -> str:
+        """The world group's backend: on an accelerator its own for device tensors plus
+        gloo for CPU tensors (metric sums, stop flags and counts are reduced as CPU
+        tensors; NCCL and HCCL alone refuse them, and vLLM's external launcher asks for
+        both)."""
+        if self.device_type == "cpu":
+            return self.backend
+        return f"cpu:gloo,{self.device_type}:{self.backend}"
+
     def device(self, local_rank: int | None = None) -> torch.device:
         """This rank's device (the local rank picks the accelerator; CPU has one)."""
         if self.device_type == "cpu":

@@ -69,3 +69,29 @@ def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
         assert run["cpu_steal_fraction"] is None or 0 <= run["cpu_steal_fraction"] <= 1
     # N = 1 runs one generate call per iteration: its steps are its longest response
     assert 0 < result["runs"]["1"]["decode_steps_per_iteration"] <= 96
+
+
+def test_decode_step_cost_is_measured_per_batch_and_fitted():
+    """bench_decode_step.py times decode steps with the prefill taken out, per context and
+    batch size, and fits a line ms(B) = a + b * B through them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_decode_step import _parse, fit_line
+
+    assert fit_line([1.0, 2.0, 4.0], [3.0, 5.0, 9.0]) == pytest.approx((1.0, 2.0))
+    assert fit_line([8.0], [5.0]) == (5.0, 0.0)
+    for bad in (["--steps", "0"], ["--repeats", "0"], ["--batch-sizes", "0", "4"]):
+        with pytest.raises(SystemExit):
+            _parse(bad)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode_step.py"),
+                           "--batch-sizes", "1", "4", "--contexts", "8", "24", "--steps", "16",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["ms_per_step"]) == set(result["fit"]) == {"8", "24"}
+    for context, per_batch in result["ms_per_step"].items():
+        assert set(per_batch) == {"1", "4"} and min(per_batch.values()) > 0
+        a, b = fit_line([1.0, 4.0], [per_batch["1"], per_batch["4"]])
+        fit = result["fit"][context]
+        assert fit["ms_per_step"] == pytest.approx(a)
+        assert fit["us_per_sequence"] == pytest.approx(1000 * b)
+        assert fit["batch_independent_share"] == pytest.approx(a / per_batch["4"])

@@ -410,8 +410,12 @@ class RolloutEngine:
         decodes during the following :meth:`step` calls, batched with the others. Returns
         its request id. Seeded: it samples what :meth:`generate` would."""
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         (param,) = self._params([prompt], 1, sampling, [seed], [max_tokens], None)
+        # :meth:`step` reads finished requests only: vLLM need not build every unfinished
+        # request's output so far at every step (its default)
+        param.output_kind = RequestOutputKind.FINAL_ONLY
         rid = f"msrl-req-{self._next_request}"
         self._next_request += 1
         self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), param)

@@ -51,50 +51,23 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def run(args) -> dict:
-    import random
-
-    from mindspeed_rl.config.schema import SamplingConfig
     from mindspeed_rl.parallel.groups import init_distributed
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.rollout import RolloutEngine
 
     platform = setup_platform()
     init_distributed(platform)
-    model = args.model or _tiny_model(max(args.contexts) + args.steps + 16)
-    engine = RolloutEngine(model, max_model_len=max(args.contexts) + args.steps + 8,
-                           max_num_seqs=max(args.batch_sizes),
-                           gpu_memory_utilization=args.gpu_memory_utilization
-                           or (0.05 if platform.device_type == "cpu" else 0.3),
-                           device_type=platform.device_type)
-    _params = engine._params
-
-    def params(*a):  # every prompt decodes to its budget: the steps are the ones timed
-        out = _params(*a)
-        for p in out:
-            p.ignore_eos = True
-        return out
-
-    engine._params = params
-    rng = random.Random(0)
-    vocab = engine.llm.llm_engine.model_config.get_vocab_size()
-    seconds: dict[tuple[int, int], list[float]] = {}
-    cases = [(c, b) for c in args.contexts for b in args.batch_sizes]
-    from tqdm import tqdm
-
-    # round 0 warms the engine up (its first calls compile and allocate) and is not kept
-    for repeat in tqdm(range(1 + args.repeats), desc="rounds", file=sys.stderr):
-        for context, batch in cases:
-            prompts = [[rng.randrange(1, vocab) for _ in range(context)] for _ in range(batch)]
-            seeds = list(range(batch))
-            spent = []
-            for steps in (1, args.steps + 1):
-                sampling = SamplingConfig(temperature=1.0, max_tokens=steps)
-                start = time.perf_counter()
-                engine.generate(prompts, 1, sampling, seeds=seeds)
-                spent.append(time.perf_counter() - start)
-            if repeat:
-                seconds.setdefault((context, batch), []).append(
-                    (spent[1] - spent[0]) / args.steps)
+    with tempfile.TemporaryDirectory(prefix="bench_decode_step_") as root:
+        model = args.model or _tiny_model(root, max(args.contexts) + args.steps + 16)
+        engine = RolloutEngine(model, max_model_len=max(args.contexts) + args.steps + 8,
+                               max_num_seqs=max(args.batch_sizes),
+                               gpu_memory_utilization=args.gpu_memory_utilization
+                               or (0.05 if platform.device_type == "cpu" else 0.3),
+                               device_type=platform.device_type)
+        try:
+            seconds = _time_steps(engine, args)
+        finally:
+            engine.shutdown()
     ms = {str(c): {str(b): 1000 * statistics.median(seconds[c, b]) for b in args.batch_sizes}
           for c in args.contexts}
     fit = {}
@@ -108,10 +81,46 @@ def run(args) -> dict:
             "repeats": args.repeats}
 
 
-def _tiny_model(max_positions: int) -> str:
+def _time_steps(engine, args) -> dict[tuple[int, int], list[float]]:
+    """Seconds per decode step of each (context, batch) case, one value per round."""
+    import random
+
+    from tqdm import tqdm
+
+    from mindspeed_rl.config.schema import SamplingConfig
+
+    _params = engine._params
+
+    def params(*a):  # every prompt decodes to its budget: the steps are the ones timed
+        out = _params(*a)
+        for p in out:
+            p.ignore_eos = True
+        return out
+
+    engine._params = params
+    rng = random.Random(0)
+    vocab = engine.llm.llm_engine.model_config.get_vocab_size()
+    seconds: dict[tuple[int, int], list[float]] = {}
+    cases = [(c, b) for c in args.contexts for b in args.batch_sizes]
+    # round 0 warms the engine up (its first calls compile and allocate) and is not kept
+    for repeat in tqdm(range(1 + args.repeats), desc="rounds", file=sys.stderr):
+        for context, batch in cases:
+            prompts = [[rng.randrange(1, vocab) for _ in range(context)] for _ in range(batch)]
+            spent = []
+            for steps in (1, args.steps + 1):
+                start = time.perf_counter()
+                engine.generate(prompts, 1, SamplingConfig(temperature=1.0, max_tokens=steps),
+                                seeds=list(range(batch)))
+                spent.append(time.perf_counter() - start)
+            if repeat:
+                seconds.setdefault((context, batch), []).append(
+                    (spent[1] - spent[0]) / args.steps)
+    return seconds
+
+
+def _tiny_model(root: str, max_positions: int) -> str:
     from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
-    root = tempfile.mkdtemp(prefix="bench_decode_step_")
     return str(make_tiny_hf_dir("qwen2", os.path.join(root, "qwen2"),
                                 max_position_embeddings=max_positions))
 

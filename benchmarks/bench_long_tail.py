@@ -223,6 +223,9 @@ def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[st
 
 def driver(args) -> dict:
     root = tempfile.mkdtemp(prefix="bench_long_tail_")
+    print(f"[{PROG}] the model, the data and each run's metrics (logs_N*/metrics.jsonl, "
+          f"every phase's seconds per iteration) are kept in {root}", file=sys.stderr,
+          flush=True)
     model, data = _assets(root, args.model, args.max_tokens)
     each: dict[str, list[dict]] = {str(split): [] for split in args.splits}
     # --repeats R: the Ns in turn, R times, so that a slow spell of the machine does not

@@ -35,10 +35,12 @@ def rows(lengths_pr, extras=True):
 
 SPECS = [MicroBatching(max_tokens=300, packed=True), MicroBatching(max_tokens=300),
          MicroBatching(max_tokens=300, max_rows=3, packed=True),
-         MicroBatching(max_tokens=300, max_rows=3)]
+         MicroBatching(max_tokens=300, max_rows=3),
+         MicroBatching(max_tokens=300, packed=True, similar_lengths=True)]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=["packed", "padded", "packed_cap", "padded_cap"])
+@pytest.mark.parametrize("spec", SPECS, ids=["packed", "padded", "packed_cap", "padded_cap",
+                                             "packed_similar"])
 @pytest.mark.parametrize("extra", [0, 1, 5])
 def test_every_row_once_within_budget(spec, extra):
     lengths = ragged_lengths()
@@ -60,6 +62,23 @@ def test_packed_groups_hold_about_the_same_real_tokens():
     sums = [sum(lengths[i] for i in g) for g in groups]
     assert len(groups) == min_micro_batches(lengths, spec) == -(-sum(lengths) // 600)
     assert max(sums) - min(sums) <= max(lengths)
+
+
+def test_packed_rows_of_similar_length_are_the_padded_plans_groups():
+    """similar_lengths (packed rows side by side in attention): the padded plan's groups,
+    which on a long tail lay out far fewer padded attention rows than balancing tokens."""
+    lengths = [30 + (400 if i % 16 == 0 else i % 7) for i in range(64)]
+    balanced = MicroBatching(max_tokens=1200, packed=True)
+    similar = MicroBatching(max_tokens=1200, packed=True, similar_lengths=True)
+    count = min_micro_batches(lengths, similar)
+    assert count >= min_micro_batches(lengths, balanced)
+    groups = plan_micro_batches(lengths, similar, count)
+    assert groups == plan_micro_batches(lengths, MicroBatching(max_tokens=1200), count)
+
+    def side_by_side(groups):
+        return sum(len(g) * max((lengths[i] for i in g), default=0) for g in groups)
+
+    assert side_by_side(groups) < 0.5 * side_by_side(plan_micro_batches(lengths, balanced, count))
 
 
 def test_padded_groups_follow_length_and_waste_little():

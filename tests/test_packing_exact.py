@@ -106,6 +106,20 @@ def _worker(hf_dir: str):
             from mindspeed_rl.engine.packing import packing_notice
 
             out[(tp, pp, "notice")] = packing_notice(model)
+            from dataclasses import replace
+
+            from mindspeed_rl.engine.micro_batches import plan_micro_batches
+            from mindspeed_rl.engine.schedule import micro_batches_for
+
+            spec = VARIANTS["budget_packed"]
+            used = [sorted(mb.rows) for mb in micro_batches_for(model, batch, spec)]
+            out[(tp, pp, "groups")] = {
+                "used": used,
+                "similar": [sorted(g) for g in plan_micro_batches(batch.lengths(), replace(
+                    spec, similar_lengths=True), len(used))],
+                "balanced": [sorted(g) for g in plan_micro_batches(batch.lengths(), spec,
+                                                                   len(used))],
+                "lengths": batch.lengths()}
             fwd = {}
             for name, spec in VARIANTS.items():
                 take_counts()
@@ -241,3 +255,18 @@ def test_start_up_notice_names_the_fallback(results, layout):
     notice = results[(*layout, "notice")]
     assert notice.startswith("use_remove_padding: DotProductAttention")
     assert "cannot take PackedSeqParams (THD); fallback:" in notice
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["tp2", "pp2", "dp2"])
+def test_side_by_side_packing_groups_rows_of_similar_length(results, layout):
+    """Where packed rows are laid side by side in attention (padded to the longest row of
+    the micro-batch), the token-budget plan groups rows of similar length rather than
+    balancing real tokens: fewer padded attention rows for the same budget."""
+    r = results[(*layout, "groups")]
+    assert r["used"] == r["similar"] != r["balanced"]
+
+    def side_by_side(groups):
+        return sum(len(g) * max((r["lengths"][i] for i in g), default=0) for g in groups)
+
+    assert side_by_side(r["similar"]) < side_by_side(r["balanced"])
+

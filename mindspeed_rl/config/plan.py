@@ -52,12 +52,18 @@ class MicroBatching:
             ``micro_batch_size`` rows, padded to the longest row of the batch.
         max_rows: at most this many rows in a token-budget micro-batch; None = no cap.
         packed: concatenate each micro-batch's rows into one sequence.
+        similar_lengths: with ``packed`` and a token budget, group rows of similar length
+            (the padded plan's groups) instead of balancing real tokens: where attention
+            lays a packed sequence's rows side by side, padded to its longest row (the
+            ``rows`` backend, e.g. on CPU), one long row among many short ones costs as
+            many rows of its length. Set by the schedule from the model, not by a key.
     """
 
     micro_batch_size: int = 1
     max_tokens: int | None = None
     max_rows: int | None = None
     packed: bool = False
+    similar_lengths: bool = False
 
     @property
     def dynamic(self) -> bool:

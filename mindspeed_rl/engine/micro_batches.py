@@ -101,7 +101,7 @@ def min_micro_batches(lengths: Sequence[int], spec: MicroBatching) -> int:
     if not lengths:
         return 1
     _check_budget(lengths, spec)
-    if spec.packed:
+    if spec.packed and not spec.similar_lengths:
         k = max(math.ceil(sum(lengths) / spec.max_tokens),
                 math.ceil(len(lengths) / (spec.max_rows or len(lengths))))
         while _packed_groups(lengths, spec, k) is None:
@@ -121,8 +121,9 @@ def plan_micro_batches(lengths: Sequence[int], spec: MicroBatching,
       fewest: the pipeline layout of a fixed plan is the row count);
     * token budget, packed: rows spread over ``count`` groups, longest first into the
       group with the fewest tokens that still has room (balanced real tokens);
-    * token budget, padded: rows sorted by length and cut into ``count`` runs of
-      similar length, balancing rows x longest row (the tokens each one computes).
+    * token budget, padded (and packed with ``similar_lengths``): rows sorted by length
+      and cut into ``count`` runs of similar length, balancing rows x longest row (the
+      tokens each one computes).
     """
     fewest = min_micro_batches(lengths, spec)
     count = fewest if count is None else count
@@ -135,12 +136,13 @@ def plan_micro_batches(lengths: Sequence[int], spec: MicroBatching,
         groups = [list(range(s, min(s + spec.micro_batch_size, len(lengths))))
                   for s in range(0, len(lengths), spec.micro_batch_size)]
         return groups or [[]]
-    if spec.packed:
+    if spec.packed and not spec.similar_lengths:
         groups = _packed_groups(lengths, spec, count)
         if groups is None:  # greedy balancing missed: split the fewest-group plan instead
             groups = _split_to(_packed_groups(lengths, spec, fewest), count, lengths)
         return groups
-    # Padded: the smallest cap on rows x longest row that still fits in `count` runs.
+    # Padded or similar lengths: the smallest cap on rows x longest row that still fits in
+    # `count` runs.
     lo, hi = max(lengths), spec.max_tokens
     while lo < hi:
         mid = (lo + hi) // 2

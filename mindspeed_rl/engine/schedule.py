@@ -15,6 +15,7 @@ ahead of it (three int64 per transfer).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from mindspeed_rl.engine.efficiency import count_tokens
 from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
                                                 make_micro_batches, min_micro_batches)
-from mindspeed_rl.engine.packing import packed_inputs
+from mindspeed_rl.engine.packing import ROWS, packed_inputs, packing_backend
 
 
 class _ResponseOutputsOnly:
@@ -70,6 +71,8 @@ def micro_batches_for(model, batch: RowBatch,
     from megatron.core import parallel_state as ps
 
     spec = MicroBatching.of(micro_batching)
+    if spec.packed and spec.dynamic and packing_backend(model) == ROWS:
+        spec = replace(spec, similar_lengths=True)  # rows side by side in attention
     count = None
     if spec.dynamic:
         t = torch.tensor([min_micro_batches(batch.lengths(), spec)], dtype=torch.int64)

@@ -210,9 +210,9 @@ def _overrides(args, model: str, data: str, split: int, log_dir: str) -> list[st
             f"generate_config.max_model_len={args.max_tokens + 64}",
             f"generate_config.max_num_seqs={max(64, 8 * args.groups)}",
             # token-budget micro-batches of rows of similar length, as long-sequence configs
-            # run: no training on padding to the longest row of the batch. (Packing them,
-            # use_remove_padding, pads a micro-batch's rows to its longest inside attention
-            # on CPU; one long row among many short ones made that 4x slower here.)
+            # run: no training on padding to the longest row of the batch (packing them too,
+            # use_remove_padding, takes about as long on CPU, whose attention pads a packed
+            # micro-batch's rows to its longest: docs/partial_rollout.md)
             "rl_config.use_dynamic_bsz=true",
             f"rl_config.max_packing_token_size={2 * (args.max_tokens + 64)}",
             f"generate_config.sampling_config.max_tokens={args.max_tokens}",

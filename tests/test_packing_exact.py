@@ -269,4 +269,3 @@ def test_side_by_side_packing_groups_rows_of_similar_length(results, layout):
         return sum(len(g) * max((r["lengths"][i] for i in g), default=0) for g in groups)
 
     assert side_by_side(r["similar"]) < side_by_side(r["balanced"])
-

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from mindspeed_rl.engine.efficiency import count_tokens
 from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
                                                 make_micro_batches, min_micro_batches)
-from mindspeed_rl.engine.packing import ROWS, packed_inputs, packing_backend
+from mindspeed_rl.engine.packing import ROWS, packed_inputs
 
 
 class _ResponseOutputsOnly:
@@ -71,7 +71,7 @@ def micro_batches_for(model, batch: RowBatch,
     from megatron.core import parallel_state as ps
 
     spec = MicroBatching.of(micro_batching)
-    if spec.packed and spec.dynamic and packing_backend(model) == ROWS:
+    if spec.packed and spec.dynamic and packed_inputs(model).backend == ROWS:
         spec = replace(spec, similar_lengths=True)  # rows side by side in attention
     count = None
     if spec.dynamic:

@@ -10,6 +10,25 @@ import sys
 from typing import Iterator, Sequence, TextIO
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def make_non_dumpable() -> bool:
+    """Mark this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``, Linux): a process
+    without CAP_SYS_PTRACE, even of the same user (a tool call run without its sandbox, any
+    child), can no longer ptrace the trainer, read or write its memory
+    (``/proc/<pid>/mem``) or read its environment (``/proc/<pid>/environ``), and no core
+    file is written. Each rank sets it for itself (an exec resets it). True when set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def load_job(config_path: str, overrides: Sequence[str], *, algorithm: str):
     """(config, plan) for the torchrun world size; raises ConfigError before any process
     group exists, so every rank fails alike and at once."""
@@ -50,6 +69,7 @@ def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
     from mindspeed_rl.parallel.groups import teardown_distributed
     from mindspeed_rl.trainer.trainer import RLTrainer
 
+    make_non_dumpable()
     platform = _start(config, plan, header=header, plan_to=plan_to)
     trainer = None
     try:
@@ -69,6 +89,7 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
     """
     from mindspeed_rl.metrics.console import quiet_known_noise
 
+    make_non_dumpable()  # first: nothing the run starts may read or write the trainer
     quiet_known_noise()  # before torch, megatron and vLLM are imported
     from mindspeed_rl.config import ConfigError, parse_launcher_args
     from mindspeed_rl.config.cli import main as config_main

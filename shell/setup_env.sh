@@ -9,6 +9,23 @@ cd "$ROOT"
 VENV="${MSRL_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$VENV/.mindspeed_rl_env"
+
+# The local code interpreter runs the model's code in a bubblewrap sandbox (docs/tools.md).
+# Installed here where this script may (root, Debian/Ubuntu); a quick check when present.
+ensure_bubblewrap() {
+  command -v bwrap >/dev/null 2>&1 && return 0
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup_env] installing bubblewrap (the code interpreter's sandbox)"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; then
+      apt-get update -qq >/dev/null 2>&1 || true
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || true
+    fi
+  fi
+  command -v bwrap >/dev/null 2>&1 || echo "[setup_env] warning: bubblewrap (bwrap) is not" \
+    "installed; runs with the local code interpreter will be refused until it is" \
+    "(apt-get install bubblewrap, or your distribution's package; docs/tools.md)" >&2
+}
+ensure_bubblewrap
 WANT="$(cat requirements.txt requirements-lock.txt pyproject.toml shell/setup_env.sh | sha256sum | cut -d' ' -f1)"
 
 check_imports() {

@@ -109,6 +109,15 @@ def test_local_interpreter_config():
     [spec] = load_tool_config(LOCAL_YAML)
     assert (spec.kind, spec.sandbox_fusion_url) == ("code_interpreter", None)
     assert (spec.num_workers, spec.default_timeout, spec.memory_limit_mb) == (4, 5.0, 512)
+    assert spec.site_packages == ("numpy", "sympy", "mpmath") and not spec.unsafe_no_sandbox
+
+
+def test_allowed_packages_import_in_the_sandbox_and_nothing_else():
+    result = CodeInterpreter(30, 512, site_packages=("numpy", "sympy", "mpmath")).run(
+        "import numpy, sympy\nx = sympy.symbols('x')\n"
+        "print(sympy.solve(x ** 2 - 4, x), int(numpy.arange(5).sum()))\nimport yaml")
+    assert result.text.startswith("[-2, 2] 10\n"), result.text
+    assert "ModuleNotFoundError: No module named 'yaml'" in result.text
 
 
 _GOOD = """\
@@ -170,6 +179,15 @@ _REFUSED = [
      "tools[0].config.default_timout"),
     ("unknown entry key", _GOOD.replace("    config:", "    cfg: {}\n    config:"),
      "tools[0].cfg"),
+    ("all site_packages in the sandbox", _GOOD.replace("type: native",
+                                                       "type: native\n      site_packages: true"),
+     "tools[0].config.site_packages: true; the sandbox binds only the packages it is told"),
+    ("site_packages not names", _GOOD.replace("type: native",
+                                              "type: native\n      site_packages: [numpy.linalg]"),
+     "tools[0].config.site_packages"),
+    ("unsafe_no_sandbox not a bool", _GOOD.replace("type: native",
+                                                   "type: native\n      unsafe_no_sandbox: yes please"),
+     "tools[0].config.unsafe_no_sandbox"),
 ]
 
 
@@ -332,6 +350,9 @@ def test_interpreter_reports_crashes(code, expected):
 
 
 def test_timeout_kills_the_whole_process_group():
+    """Without the sandbox (unsafe_no_sandbox) the call's process group is killed at the
+    deadline, children and grandchildren included. (In the sandbox no process can start
+    one: tests/test_sandbox.py.)"""
     marker = ["sleep", "987.654"]
     code = textwrap.dedent(f"""
         import os, subprocess, time
@@ -341,7 +362,7 @@ def test_timeout_kills_the_whole_process_group():
         print('started', flush=True)
         time.sleep(1000)
     """)
-    result = CodeInterpreter(1.5, 512).run(code)
+    result = CodeInterpreter(1.5, 512, sandboxed=False).run(code)
     assert (result.ok, result.error, result.timed_out) == (False, False, True)
     assert result.text.startswith("started") and "timed out after 1.5 s" in result.text
     assert 1.5 <= result.seconds < 3
@@ -355,18 +376,23 @@ def test_cpu_limit_and_wall_limit():
     assert result.text == "Error: execution timed out after 1 s"
 
 
-def test_environment_is_scrubbed_and_workdir_removed(monkeypatch):
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_environment_is_scrubbed_and_workdir_removed(monkeypatch, sandboxed):
     monkeypatch.setenv("MSRL_TEST_SECRET", "hunter2")
     code = ("import os, json\nopen('scratch.txt', 'w').write('x')\n"
             "print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))")
-    result = CodeInterpreter(10, 512).run(code)
+    result = CodeInterpreter(10, 512, sandboxed=sandboxed).run(code)
     assert result.ok, result.text
     seen = json.loads(result.text)
     assert "hunter2" not in result.text
     assert set(seen["env"]) == {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "OMP_NUM_THREADS",
-                                "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}
+                                "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"} | (
+                                    {"PWD"} if sandboxed else set())  # bwrap's --chdir sets it
     assert seen["env"]["PATH"] == "/usr/bin:/bin" and seen["env"]["HOME"] == seen["cwd"]
-    assert not os.path.exists(seen["cwd"])
+    if sandboxed:  # a private tmpfs, gone with the sandbox: the host's /tmp is untouched
+        assert seen["cwd"] == "/tmp" and not os.path.exists("/tmp/scratch.txt")
+    else:
+        assert not os.path.exists(seen["cwd"])
 
 
 def test_site_packages_are_not_importable_by_default():
@@ -384,11 +410,12 @@ def test_output_is_capped():
 
 
 def test_calls_in_flight_die_with_the_rank(tmp_path):
-    """The rank is SIGKILLed mid-call: the call's process group kills itself."""
+    """The rank is SIGKILLed mid-call (without the sandbox): the call's process group kills
+    itself."""
     pid_file = tmp_path / "pid"
     rank = textwrap.dedent(f"""
         from mindspeed_rl.tools import CodeInterpreter
-        CodeInterpreter(60, 512).run("import os, time\\n"
+        CodeInterpreter(60, 512, sandboxed=False).run("import os, time\\n"
             "open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{os.getcwd()}}')\\n"
             "time.sleep(1000)")
     """)
@@ -407,6 +434,33 @@ def test_calls_in_flight_die_with_the_rank(tmp_path):
         time.sleep(0.05)
     assert _doomed_or_gone(child)
     assert not os.path.exists(workdir)  # removed by the child before it killed its group
+
+
+def test_sandboxed_calls_die_with_the_rank(tmp_path):
+    """The rank is SIGKILLed mid-call: bwrap (--die-with-parent) and every process of the
+    sandbox die with it."""
+    ready = tmp_path / "ready"
+    rank = textwrap.dedent(f"""
+        import threading, time
+        from mindspeed_rl.tools import CodeInterpreter
+        threading.Thread(target=lambda: (time.sleep(1.5), open({str(ready)!r}, "w").close()),
+                         daemon=True).start()
+        CodeInterpreter(60, 512).run("import time\\ntime.sleep(1000)")
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", rank], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sandbox = psutil.Process(proc.pid).children(recursive=True)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(sandbox) >= 2  # bwrap, its init in the new PID namespace, the interpreter
+    deadline = time.monotonic() + 10
+    while not all(_doomed_or_gone(p) for p in sandbox) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_doomed_or_gone(p) for p in sandbox)
 
 
 def test_retool_code_format():

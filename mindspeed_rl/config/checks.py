@@ -346,6 +346,24 @@ def check_data_files(config: RLJobConfig) -> None:
                  f"{TOOL_PROMPT_TYPES[0]}, or train on data preprocessed with a tool template")
     check_output_dirs(config)
     check_tokenizer_fits(config)
+    check_tool_sandbox(config)
+
+
+def check_tool_sandbox(config: RLJobConfig) -> None:
+    """The local code interpreter's sandbox runs on this machine (one call is run in it), or
+    its tool opted out explicitly (a warning, once per run): never a silent downgrade."""
+    rl = config.rl_config
+    if not rl.multi_turn_enable or rl.tool_config_path is None:
+        return
+    from mindspeed_rl.tools.config import load_tool_config
+    from mindspeed_rl.tools.sandbox import local_interpreter_problem
+
+    for spec in load_tool_config(rl.tool_config_path):
+        if spec.kind != "code_interpreter":
+            continue
+        problem = local_interpreter_problem(spec, rl.tool_config_path)
+        if problem is not None:
+            raise ConfigError("rl_config.tool_config_path", problem, value=rl.tool_config_path)
 
 
 def _check_training_features(config: RLJobConfig) -> None:

@@ -1,33 +1,41 @@
-"""The local code interpreter: the model's Python run in a child process with limits.
+"""The local code interpreter: the model's Python run in an OS sandbox, with limits.
 
-Model output is untrusted input and the rank must survive whatever it does, so each
-call runs in its own interpreter (``sys.executable -I -S -B -u``: no PYTHON* variables,
-no user site, no site-packages unless ``site_packages``, no .pyc, unbuffered output so a
-crash loses nothing printed), started in a new session so that the call's whole process
-group, grandchildren included, can be killed (SIGKILL) when the call ends, however it
-ends. Limits: wall clock (``timeout_s``, from the start of the process), CPU time
+Model output is untrusted input, and a policy trained with RL finds whatever the reward pays
+for, so each call runs in its own interpreter inside a bubblewrap sandbox with a seccomp
+filter (mindspeed_rl.tools.sandbox: its own user, PID, network, IPC and mount namespaces, a
+read-only view of only the Python runtime and the allowed packages, a private size-limited
+/tmp, no /proc, no network, no new processes), killed (SIGKILL) with everything it started
+when the call ends, however it ends.
+
+Limits: wall clock (``timeout_s``, from the moment the call was dispatched), CPU time
 (RLIMIT_CPU, the wall limit rounded up + 1 s), address space (RLIMIT_AS =
-``memory_limit_mb``), file size (RLIMIT_FSIZE), no core files, a cap on processes
-(RLIMIT_NPROC; root is exempt from it by the kernel), and a cap on the output read back
-(``max_output_bytes`` per stream; a program past it is stopped). The child gets a fresh
-empty working directory (removed afterwards, also its HOME and TMPDIR) and an
-environment of a few fixed variables: nothing of the trainer's (tokens, keys) leaks in.
+``memory_limit_mb``), file size (RLIMIT_FSIZE) and, in the sandbox, all files together
+(the tmpfs), no core files, open files, and a cap on the output read back
+(``max_output_bytes`` per stream; a program past it is stopped). The interpreter is
+``python -I -S -B -u`` (no PYTHON* variables, no user site, no site-packages: only the
+packages the tool config names, bound under /opt/site; no .pyc; unbuffered output so a
+crash loses nothing printed) with an environment of a few fixed variables: nothing of the
+trainer's (tokens, keys) reaches the code.
 
-The limits are set by the parent (``prlimit``) on the started child, which waits for a
-go byte on stdin before it reads the code: no ``preexec_fn``, which is unsafe in the
-threaded trainer. The child keeps its end of that pipe and kills its process group when
-the pipe closes, so the calls in flight die with a rank that is killed.
+The code and the limits go to the child through its stdin and argv: its start-up code
+(``_BOOT``, ours, run before any of the model's code) reads the code, sets its own limits
+(lowering limits needs no privilege), points stdin at /dev/null and runs the code as
+``__main__`` from ``main.py`` in its working directory. No ``preexec_fn``, which is unsafe
+in the threaded trainer. The child keeps its end of the stdin pipe and kills its process
+group when the pipe closes, so calls in flight die with a rank that is killed (in the
+sandbox bwrap's ``--die-with-parent`` does it too).
 
-This is a resource sandbox, not a security boundary: the code runs as the trainer's
-user, can read what that user can read, open network connections and, by starting a
-new session, escape the group kill. docs/tools.md says what to use instead.
+``sandboxed=False`` (the tool config's ``unsafe_no_sandbox: true``) runs the same child
+without the sandbox, as the trainer's user in the trainer's file system and network, in a
+fresh directory under TMPDIR: it stops code that loops, allocates or prints too much, not
+hostile code (docs/tools.md).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import resource
+import select
 import selectors
 import shutil
 import signal
@@ -38,23 +46,45 @@ import threading
 import time
 
 from mindspeed_rl.tools.result import ToolResult, timeout_text
+from mindspeed_rl.tools.sandbox import WORKDIR, Sandbox, warn_unsandboxed
 
 MAX_OUTPUT_BYTES = 1 << 20
 FILE_SIZE_LIMIT = 64 << 20
 OPEN_FILES_LIMIT = 256
-SPARE_PROCESSES = 256  # processes a call may add (RLIMIT_NPROC counts all of the user's)
+SPARE_PROCESSES = 256  # unsandboxed: processes a call may add (RLIMIT_NPROC counts all of the user's)
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
         # numpy/BLAS in many concurrent calls: one thread each, not one per core each
         "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-# Run by the child with -c. Waits for the go byte (its limits are set), points stdin at
-# /dev/null, watches the parent's pipe (EOF: the rank is gone: remove the working
-# directory the rank cannot remove now, kill the group), then runs main.py as __main__
-# and prints a traceback without this wrapper's frames.
+# Run by the child with -c LIMITS [SITE_DIR]. Reads the code (8-byte length, then UTF-8)
+# from stdin, writes it to main.py, sets its limits (only ever lowering one), adds the
+# allowed packages' folder to sys.path, points stdin at /dev/null, watches the parent's
+# pipe (EOF: the rank is gone: remove the working directory the rank cannot remove now,
+# kill the group), then runs main.py as __main__ and prints a traceback without this
+# wrapper's frames.
 _BOOT = r"""
-import os, sys, _thread
-os.read(0, 1)
+import os, sys, resource, _thread
+def _take(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            os._exit(70)
+        data += chunk
+    return data
+with open("main.py", "wb") as f:
+    f.write(_take(int.from_bytes(_take(8), "big")))
+for _item in sys.argv[1].split(","):
+    _name, _value = _item.split("=")
+    _soft, _hard = map(int, _value.split(":"))
+    _which = getattr(resource, "RLIMIT_" + _name)
+    _now = resource.getrlimit(_which)[1]
+    if _now != resource.RLIM_INFINITY:
+        _soft, _hard = min(_soft, _now), min(_hard, _now)
+    resource.setrlimit(_which, (_soft, _hard))
+if len(sys.argv) > 2:
+    sys.path.append(sys.argv[2])
 _pipe = os.dup(0)
 _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
@@ -93,19 +123,28 @@ except BaseException as e:
     sys.stderr.flush()
     os._exit(1)
 """
+_BWRAP_ERROR = b"bwrap: "  # how bubblewrap's own failures begin (before the code runs)
 
 
 class CodeInterpreter:
-    """Runs Python code in a limited child process; :meth:`run` never raises for
-    anything the code does. Thread-safe: the tool pool calls it from many threads."""
+    """Runs Python code in a sandboxed, limited child process; :meth:`run` never raises for
+    anything the code does. Thread-safe: the tool pool calls it from many threads.
 
-    def __init__(self, timeout_s: float, memory_limit_mb: int, *, site_packages: bool = False,
-                 max_output_bytes: int = MAX_OUTPUT_BYTES) -> None:
+    ``site_packages``: the top-level packages the code may import (e.g. ``("numpy",
+    "sympy", "mpmath")``), bound read-only into the sandbox. ``sandboxed=False`` runs
+    without the sandbox (then any ``site_packages`` makes every package of the trainer's
+    Python importable). Raises :class:`~mindspeed_rl.tools.sandbox.SandboxUnavailable`
+    when the sandbox cannot be built here: there is no silent fallback.
+    """
+
+    def __init__(self, timeout_s: float, memory_limit_mb: int, *, site_packages=(),
+                 sandboxed: bool = True, max_output_bytes: int = MAX_OUTPUT_BYTES) -> None:
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
         self.max_output_bytes = max_output_bytes
-        flags = "-I -B -u" if site_packages else "-I -S -B -u"
-        self._argv = [sys.executable, *flags.split(), "-c", _BOOT]
+        self.sandbox = Sandbox.build(site_packages) if sandboxed else None
+        self._flags = ["-I", "-B", "-u"] if site_packages and not sandboxed else \
+            ["-I", "-S", "-B", "-u"]
         self._live: set[subprocess.Popen] = set()   # started, not reaped
         self._dying: set[subprocess.Popen] = set()  # killed, not reaped yet
         self._closing = False
@@ -113,7 +152,21 @@ class CodeInterpreter:
 
     @classmethod
     def from_spec(cls, spec) -> "CodeInterpreter":
-        return cls(spec.default_timeout, spec.memory_limit_mb, site_packages=spec.site_packages)
+        if spec.unsafe_no_sandbox:
+            warn_unsandboxed(spec.name)
+        return cls(spec.default_timeout, spec.memory_limit_mb, site_packages=spec.site_packages,
+                   sandboxed=not spec.unsafe_no_sandbox)
+
+    def _limits(self) -> str:
+        """The child's limits, ``NAME=soft:hard`` for the start-up code."""
+        cpu = math.ceil(self.timeout_s) + 1
+        limits = {"CPU": (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL at the hard
+                  "AS": (self.memory_limit_mb << 20,) * 2,
+                  "FSIZE": (FILE_SIZE_LIMIT,) * 2, "CORE": (0, 0),
+                  "NOFILE": (OPEN_FILES_LIMIT,) * 2}
+        if self.sandbox is None:  # in the sandbox no process can start one (seccomp)
+            limits["NPROC"] = (_tasks_now() + SPARE_PROCESSES,) * 2
+        return ",".join(f"{name}={soft}:{hard}" for name, (soft, hard) in limits.items())
 
     def run(self, code: str, started: float | None = None) -> ToolResult:
         """Run ``code``; its output (stdout, then stderr) and how it ended.
@@ -122,14 +175,14 @@ class CodeInterpreter:
         moment the caller dispatched the call, so the interpreter's start-up is inside it.
         """
         started = time.monotonic() if started is None else started
+        deadline = started + self.timeout_s
         proc, workdir = None, None
+        source = code.encode("utf-8", errors="surrogatepass")
         try:
-            workdir = tempfile.mkdtemp(prefix="msrl-tool-")
-            with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8",
-                      errors="surrogatepass") as f:
-                f.write(code)
+            if self.sandbox is None:
+                workdir = tempfile.mkdtemp(prefix="msrl-tool-")
             proc = self._start(workdir)
-            self._limit_and_go(proc)
+            _send(proc, len(source).to_bytes(8, "big") + source, deadline)
         except OSError as e:  # a problem of this machine, not of the code: it never ran
             if proc is not None:
                 self._end(proc, "killed")
@@ -139,12 +192,13 @@ class CodeInterpreter:
                                      time.monotonic() - started)
         how = "killed"
         try:
-            how, out, err = _collect(proc, started + self.timeout_s, self.max_output_bytes)
+            how, out, err = _collect(proc, deadline, self.max_output_bytes)
         finally:
             self._end(proc, how)
-            _remove(workdir)
+            if workdir is not None:
+                _remove(workdir)
         self.reap(0)  # the children of earlier calls that have finished dying since
-        return self._result(how, proc.returncode, out + err, time.monotonic() - started)
+        return self._result(how, proc.returncode, out, err, time.monotonic() - started)
 
     def kill_all(self) -> None:
         """Kill the process group of every call in flight, and of every call that starts
@@ -172,11 +226,27 @@ class CodeInterpreter:
         with self._lock:
             return len(self._dying)
 
-    def _start(self, workdir: str) -> subprocess.Popen:
-        env = dict(_ENV, HOME=workdir, TMPDIR=workdir)
-        proc = subprocess.Popen(self._argv, cwd=workdir, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True)
+    def _start(self, workdir: str | None) -> subprocess.Popen:
+        """The child, started in a new session (its group is killed when the call ends).
+        In the sandbox the child is bwrap, which reads the seccomp program from a pipe."""
+        command = [*self._flags, "-c", _BOOT, self._limits()]
+        if self.sandbox is None:
+            env = dict(_ENV, HOME=workdir, TMPDIR=workdir)
+            proc = self._popen([sys.executable, *command], cwd=workdir, env=env)
+        else:
+            if self.sandbox.site_dir:
+                command.append(self.sandbox.site_dir)
+            read_end, write_end = os.pipe()
+            try:
+                os.write(write_end, self.sandbox.seccomp)  # a few hundred bytes: never blocks
+                os.close(write_end)
+                write_end = None
+                proc = self._popen(self.sandbox.argv(read_end) + command, pass_fds=(read_end,),
+                                   env=dict(_ENV, HOME=WORKDIR, TMPDIR=WORKDIR))
+            finally:
+                os.close(read_end)
+                if write_end is not None:
+                    os.close(write_end)
         with self._lock:
             self._live.add(proc)
             closing = self._closing
@@ -184,15 +254,11 @@ class CodeInterpreter:
             _kill_group(proc)
         return proc
 
-    def _limit_and_go(self, proc: subprocess.Popen) -> None:
-        """Set the child's limits, then let it run the code (it waits for the go byte).
-        Raises OSError when a limit cannot be set: the code must not run without them."""
-        try:
-            _limit(proc.pid, self.timeout_s, self.memory_limit_mb)
-            proc.stdin.write(b"g")
-            proc.stdin.flush()
-        except (ProcessLookupError, BrokenPipeError):  # it died while starting: _collect
-            pass                                         # reads why
+    @staticmethod
+    def _popen(argv, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                close_fds=True, **kwargs)
 
     def _end(self, proc: subprocess.Popen, how: str) -> None:
         """Kill what is left of the call's process group and reap the child. A child that
@@ -214,8 +280,9 @@ class CodeInterpreter:
         with self._lock:
             self._live.discard(proc)
 
-    def _result(self, how: str, returncode: int, output: bytes, seconds: float) -> ToolResult:
-        text = output.decode("utf-8", errors="replace")
+    def _result(self, how: str, returncode: int, out: bytes, err: bytes,
+                seconds: float) -> ToolResult:
+        text = (out + err).decode("utf-8", errors="replace")
         if how == "timeout":
             return ToolResult.timeout(timeout_text(self.timeout_s, text), seconds)
         if how == "output":
@@ -224,6 +291,13 @@ class CodeInterpreter:
                                      seconds)
         if returncode == 0:
             return ToolResult(text=text, ok=True, timed_out=False, error=False, seconds=seconds)
+        if self.sandbox is not None:
+            if err.startswith(_BWRAP_ERROR):  # bubblewrap failed before the code ran
+                return ToolResult.failed(f"Error: the sandbox could not start "
+                                         f"({' '.join(err.decode(errors='replace').split())})",
+                                         seconds)
+            if returncode > 128:  # bwrap reports a child killed by signal N as 128 + N
+                returncode = 128 - returncode
         if returncode > 0:
             return ToolResult.failed(text if text.strip() else
                                      f"Error: the program exited with status {returncode}",
@@ -237,22 +311,24 @@ class CodeInterpreter:
         return ToolResult.failed(f"{text.rstrip()}\nError: the program {why}".lstrip(), seconds)
 
 
-def _limit(pid: int, timeout_s: float, memory_limit_mb: int) -> None:
-    """Set the child's resource limits (before it runs any of the model's code)."""
-    cpu = math.ceil(timeout_s) + 1
-    limits = {
-        resource.RLIMIT_CPU: (cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL at the hard
-        resource.RLIMIT_AS: (memory_limit_mb << 20,) * 2,
-        resource.RLIMIT_FSIZE: (FILE_SIZE_LIMIT,) * 2,
-        resource.RLIMIT_CORE: (0, 0),
-        resource.RLIMIT_NOFILE: (OPEN_FILES_LIMIT,) * 2,
-        resource.RLIMIT_NPROC: (_tasks_now() + SPARE_PROCESSES,) * 2,
-    }
-    for which, (soft, hard) in limits.items():
-        _, current_hard = resource.prlimit(pid, which)
-        if current_hard != resource.RLIM_INFINITY:  # never raise a limit: only lower it
-            soft, hard = min(soft, current_hard), min(hard, current_hard)
-        resource.prlimit(pid, which, (soft, hard))
+def _send(proc: subprocess.Popen, data: bytes, deadline: float) -> None:
+    """Write ``data`` to the child's stdin without blocking past ``deadline`` (a child that
+    does not read is the call's problem, reported as its timeout, not a stuck thread)."""
+    fd = proc.stdin.fileno()
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    while view:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        if not select.select([], [fd], [], remaining)[1]:
+            continue
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+        except BrokenPipeError:  # it died before reading: _collect reports why
+            return
 
 
 def _tasks_now() -> int:

@@ -13,8 +13,9 @@ key. Nothing here imports torch or vLLM, and nothing contacts a sandbox.
   ``mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool``: the SandboxFusion HTTP
   service at ``config.sandbox_fusion_url`` (``kind="sandbox_fusion"``), as in MindSpeed-RL;
 - ``mindspeed_rl.tools.code_interpreter.CodeInterpreter``: this project's local
-  interpreter in a child process with limits (``kind="code_interpreter"``), for machines
-  without a SandboxFusion service.
+  interpreter in a bubblewrap sandbox with limits (``kind="code_interpreter"``), for
+  machines without a SandboxFusion service; ``config.unsafe_no_sandbox: true`` runs it
+  without the sandbox (an explicit opt-in: docs/tools.md).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ KNOWN_CLASSES = {
 _DEFAULTS = {"num_workers": 10, "rate_limit": 10, "default_timeout": 30,
              "memory_limit_mb": 1024, "default_language": "python",
              "enable_global_rate_limit": True, "type": "native"}
-_CONFIG_KEYS = set(_DEFAULTS) | {"sandbox_fusion_url", "code_format", "site_packages"}
+_CONFIG_KEYS = set(_DEFAULTS) | {"sandbox_fusion_url", "code_format", "site_packages",
+                                 "unsafe_no_sandbox"}
 _ENTRY_KEYS = {"class_name", "config", "tool_schema"}
 CODE_FORMATS = ("plain", "retool")
 
@@ -59,8 +61,10 @@ class ToolSpec:
     shown). ``num_workers`` and ``rate_limit`` both bound the calls of this tool in flight
     on one rank (the smaller wins; ``rate_limit`` only with ``enable_global_rate_limit``).
     ``code_format`` ``"retool"`` applies ReTool's conventions to the code before it runs
-    (mindspeed_rl.tools.retool_code); ``site_packages`` lets the local interpreter import
-    the packages installed next to the trainer's Python (numpy, sympy).
+    (mindspeed_rl.tools.retool_code); ``site_packages`` names the packages installed next
+    to the trainer's Python that the local interpreter's code may import (e.g. numpy,
+    sympy, mpmath: bound read-only into its sandbox); ``unsafe_no_sandbox`` runs the local
+    interpreter without its sandbox (then ``site_packages`` non-empty means all of them).
     """
 
     name: str
@@ -74,7 +78,8 @@ class ToolSpec:
     sandbox_fusion_url: str | None
     language: str
     code_format: str = "plain"
-    site_packages: bool = False
+    site_packages: tuple[str, ...] = ()
+    unsafe_no_sandbox: bool = False
 
     @property
     def max_in_flight(self) -> int:
@@ -149,8 +154,10 @@ def _tool(where: str, key: str, entry) -> ToolSpec:
     code_format = config.get("code_format", code_format)
     if code_format not in CODE_FORMATS:
         raise ToolConfigError(f"{where}: {ck}.code_format: {code_format!r}; one of {CODE_FORMATS}")
-    site_packages = config.get("site_packages", False)
-    _require_bool(where, f"{ck}.site_packages", site_packages)
+    unsafe = config.get("unsafe_no_sandbox", False)
+    _require_bool(where, f"{ck}.unsafe_no_sandbox", unsafe)
+    site_packages = _site_packages(where, f"{ck}.site_packages",
+                                   config.get("site_packages", False), unsafe)
     name, schema = _schema(where, f"{key}.tool_schema", entry.get("tool_schema"))
     return ToolSpec(
         name=name, class_name=class_name, kind=kind, schema=schema,
@@ -159,7 +166,28 @@ def _tool(where: str, key: str, entry) -> ToolSpec:
         memory_limit_mb=_positive_int(where, f"{ck}.memory_limit_mb", get("memory_limit_mb")),
         sandbox_fusion_url=_url(where, ck, config.get("sandbox_fusion_url"), class_name)
         if kind == "sandbox_fusion" else None,
-        language="python", code_format=code_format, site_packages=site_packages)
+        language="python", code_format=code_format, site_packages=site_packages,
+        unsafe_no_sandbox=unsafe)
+
+
+def _site_packages(where: str, key: str, value, unsafe: bool) -> tuple[str, ...]:
+    """The packages the local interpreter's code may import: a list of top-level import
+    names (false or [] = none). ``true`` (all of them) only without the sandbox: the
+    sandbox shows the code only what is named."""
+    if value is False or value is None:
+        return ()
+    if value is True:
+        if unsafe:
+            return ("*",)
+        raise ToolConfigError(
+            f"{where}: {key}: true; the sandbox binds only the packages it is told: list the "
+            "top-level packages the code may import, e.g. [numpy, sympy, mpmath] (sympy needs "
+            "mpmath)")
+    if not isinstance(value, list) or not all(
+            isinstance(v, str) and v.isidentifier() for v in value):
+        raise ToolConfigError(f"{where}: {key}: {value!r}; a list of top-level package names "
+                              "such as [numpy, sympy, mpmath], or false")
+    return tuple(dict.fromkeys(value))
 
 
 def _schema(where: str, key: str, schema) -> tuple[str, dict]:

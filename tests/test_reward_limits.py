@@ -95,8 +95,9 @@ def test_every_verifier_on_adversarial_output_finishes_in_the_pool(pool, capfd):
     total, per = compute_rewards(responses, ["43"] * len(responses), names, [1.0] * len(names),
                                  row_labels=labels, pool=pool)
     assert time.monotonic() - start < pool.limits.batch_timeout_s
-    timeouts, errors = pool.take_counts()
+    timeouts, errors, unresponsive = pool.take_counts()
     assert timeouts >= 1 and errors == 2  # the C call; the exception and the dead worker
+    assert unresponsive == 0
     assert per["test_bigint_in_c"][-3].item() == -2.0  # the verifier's failed score
     assert per["test_raises"][-2].item() == 0.0 and per["test_exits"][-1].item() == 0.0
     log = capfd.readouterr().err
@@ -105,11 +106,11 @@ def test_every_verifier_on_adversarial_output_finishes_in_the_pool(pool, capfd):
     assert (f"verifier 'test_raises' failed on train.jsonl row {len(responses) - 2} (raised "
             "ValueError: a verifier bug on this response)") in log
     assert "verifier 'test_exits' failed on train.jsonl row" in log and "exit status 3" in log
-    assert pool.take_counts() == (0, 0)
+    assert pool.take_counts() == (0, 0, 0)
     # the job goes on: the replaced workers score the next batch
     total, _ = compute_rewards(["37 + 6 = 43. So the answer is 43."], ["43"],
                                ["integer_answer", "test_exits"], [1.0, 1.0], pool=pool)
-    assert total.tolist() == [2.0] and pool.take_counts() == (0, 0)
+    assert total.tolist() == [2.0] and pool.take_counts() == (0, 0, 0)
 
 
 def test_batch_budget_scores_the_unfinished_calls_as_failed(capfd):
@@ -126,6 +127,48 @@ def test_batch_budget_scores_the_unfinished_calls_as_failed(capfd):
     finally:
         pool.close()
     assert all(w.process.poll() is not None for w in pool._workers)
+
+
+def test_a_stopped_worker_does_not_block_the_rank(capfd):
+    """Issue #37: an idle worker is stopped (SIGSTOP: a debugger, a frozen cgroup) and the
+    responses are 1 MiB, more than its pipe holds. The request to it cannot block the rank:
+    the batch returns within its budget, the stopped worker's call scores as failed and is
+    counted as unresponsive (the reason on stderr), and the next batch scores normally."""
+    import os
+    import threading
+
+    limits = RewardLimits(call_timeout_s=3.0, batch_timeout_s=20.0)
+    pool = RewardPool(2, limits, ["integer_answer"])
+    try:
+        pool.score(["integer_answer"], ["the answer is 1"], ["1"])  # the workers are ready
+        stopped = pool._workers[0].process
+        os.kill(stopped.pid, signal.SIGSTOP)
+        response = "x" * (1 << 20) + " the answer is 43"
+        out = []
+        scorer = threading.Thread(target=lambda: out.append(
+            pool.score(["integer_answer"], [response] * 4, ["43"] * 4)), daemon=True)
+        start = time.monotonic()
+        scorer.start()
+        scorer.join(limits.batch_timeout_s + 10)
+        wall = time.monotonic() - start
+        assert not scorer.is_alive(), "score() blocked on the stopped worker"
+        print(f"batch with a stopped worker: {wall:.2f} s")
+        assert wall < limits.batch_timeout_s
+        [(scores, failures)] = out
+        assert [f.kind for f in failures] == ["unresponsive"]
+        assert scores["integer_answer"].count(1.0) == 3
+        assert scores["integer_answer"][failures[0].index] == 0.0  # the failed score
+        assert stopped.poll() is not None  # killed and replaced
+        assert pool.take_counts() == (0, 0, 1)
+        assert "did not take the request within rl_config.reward_timeout_s=3 s" in \
+            capfd.readouterr().err
+        scores, failures = pool.score(["integer_answer"], [response] * 4, ["43"] * 4)
+        assert failures == [] and scores["integer_answer"] == [1.0] * 4
+    finally:
+        for worker in pool._workers:
+            if worker.process.poll() is None:
+                os.kill(worker.process.pid, signal.SIGCONT)
+        pool.close()
 
 
 def test_a_verifier_the_workers_cannot_import_is_named():

@@ -11,7 +11,10 @@ also scores a batch in parallel where the rank has cores to spare. A call past
 ``reward_batch_timeout_s`` gives up on its unfinished calls. A call that timed out, raised,
 or whose worker died scores the verifier's failed score (its lowest, so breaking a
 verifier never pays), counts in ``reward/timeouts`` or ``reward/errors`` and is named in one
-line on stderr with its row. A NaN/inf a verifier returns is still an error of the job
+line on stderr with its row. The rank never blocks on a worker: a request larger than a
+pipe's guaranteed room is written by a thread, so a worker that stops reading (SIGSTOP, a
+debugger, a frozen cgroup) costs its call's time limit, not the rank's: it is killed and
+replaced, and the call scores as failed and counts in ``reward/unresponsive_workers``. A NaN/inf a verifier returns is still an error of the job
 (registry.compute_rewards): that is a bug of the verifier, not of the output.
 
 The workers ignore SIGINT and SIGTERM (a preempted rank finishes its iteration and saves:
@@ -28,13 +31,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 
 from mindspeed_rl.rewards.registry import failed_score, get_verifier
 
 _STARTUP_TIMEOUT_S = 300.0  # a spawned interpreter importing math-verify/sympy on a busy node
+# A message of at most this many bytes (with Connection's 4-byte header) goes into an idle
+# worker's empty pipe in one write that cannot block: POSIX guarantees PIPE_BUF (4096 on
+# Linux) bytes of room, also in a pipe shrunk to one page. Larger ones are written by a thread.
+_INLINE_BYTES = 4096 - 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +68,8 @@ class RewardLimits:
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
-    """A verifier call that produced no score: kind is "timeout" or "error"."""
+    """A verifier call that produced no score: kind is "timeout", "error" or
+    "unresponsive" (its worker did not take the request in time)."""
 
     kind: str
     verifier: str
@@ -101,11 +111,44 @@ class _Worker:
         self.registered: set[str] = set()  # the verifier names the worker knows
         self.task: int | None = None
         self.deadline = 0.0
+        self.sending: threading.Thread | None = None  # writing a large request
+
+    def send(self, message) -> bool:
+        """Start sending ``message`` (what ``Connection.send`` writes); False when the worker
+        is gone. Never blocks: see ``_INLINE_BYTES``."""
+        data = ForkingPickler.dumps(message)
+        if self.sending is not None:  # the previous request was read whole (it was answered)
+            self.sending.join()
+        if len(data) <= _INLINE_BYTES:
+            try:
+                self.send_conn.send_bytes(data)
+            except OSError:
+                return False
+            return True
+        self.sending = threading.Thread(target=self._write, args=(data,), daemon=True,
+                                        name="reward-request")
+        self.sending.start()
+        return True
+
+    def _write(self, data) -> None:
+        try:
+            self.send_conn.send_bytes(data)
+        except OSError:  # killed meanwhile (its call's deadline), or died: scored by the loop
+            pass
+
+    def took_request(self) -> bool:
+        """Whether the worker has read the whole of its current request."""
+        return self.sending is None or not self.sending.is_alive()
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=10)
+        if self.sending is not None:
+            self.sending.join(timeout=10)  # its write fails (EPIPE) once the reader is gone
+            if self.sending.is_alive():    # never close an fd another thread writes to
+                self.conn.close()
+                return
         self.send_conn.close()
         self.conn.close()
 
@@ -130,7 +173,8 @@ class RewardPool:
     """``workers`` processes that run verifier calls within ``limits``; one per job.
 
     ``score`` blocks until every call of the batch has a score (its own, or the failed
-    score); ``take_counts`` returns the timeouts and errors since it was last called.
+    score); ``take_counts`` returns the timeouts, errors and unresponsive workers since it
+    was last called.
     """
 
     def __init__(self, workers: int, limits: RewardLimits,
@@ -144,7 +188,7 @@ class RewardPool:
         self._workers = [_Worker(self._modules) for _ in range(workers)]
         self._close = multiprocessing.util.Finalize(self, _kill_all, args=(self._workers,),
                                                     exitpriority=10)
-        self._timeouts = self._errors = 0
+        self._timeouts = self._errors = self._unresponsive = 0
         self._startup_deaths = 0
         self.restarts = 0
 
@@ -152,10 +196,11 @@ class RewardPool:
     def num_workers(self) -> int:
         return len(self._workers)
 
-    def take_counts(self) -> tuple[int, int]:
-        """(timed-out calls, failed calls) since the last call of this method."""
-        counts = (self._timeouts, self._errors)
-        self._timeouts = self._errors = 0
+    def take_counts(self) -> tuple[int, int, int]:
+        """(timed-out calls, failed calls, calls whose worker did not take the request in
+        time) since the last call of this method."""
+        counts = (self._timeouts, self._errors, self._unresponsive)
+        self._timeouts = self._errors = self._unresponsive = 0
         return counts
 
     def close(self) -> None:
@@ -194,13 +239,14 @@ class RewardPool:
             scores[names[v]][i] = self.limits.score_of_failed(names[v])
         for f in failures:
             row = row_labels[f.index] if row_labels is not None else f"response {f.index} of the batch"
-            what = "timed out" if f.kind == "timeout" else "failed"
+            what = "timed out" if f.kind != "error" else "failed"
             print(f"[rank {os.environ.get('RANK', '0')}] reward: verifier {f.verifier!r} {what} on "
                   f"{row} ({f.detail}); scored {scores[f.verifier][f.index]} (response "
                   f"{responses[f.index][:60]!r}, {len(responses[f.index])} characters)",
                   file=sys.stderr, flush=True)
         self._timeouts += sum(f.kind == "timeout" for f in failures)
         self._errors += sum(f.kind == "error" for f in failures)
+        self._unresponsive += sum(f.kind == "unresponsive" for f in failures)
         return scores, failures
 
     # ---- the loop ----------------------------------------------------------------------
@@ -262,9 +308,7 @@ class RewardPool:
                     "register it at the top level of an importable module, or score in the "
                     "training process with rl_config.reward_workers: 0")
             call = pending.popleft()
-            try:
-                worker.send_conn.send(payload(call))
-            except OSError:  # the worker died while idle: run the call on its successor
+            if not worker.send(payload(call)):  # it died while idle: the call to its successor
                 pending.appendleft(call)
                 self._replace(worker)
                 continue
@@ -323,8 +367,11 @@ class RewardPool:
         now = time.monotonic()
         for worker in list(self._workers):
             if worker.task is not None and now >= worker.deadline:
-                failed[worker.task] = ("timeout", f"ran past rl_config.reward_timeout_s="
-                                                  f"{self.limits.call_timeout_s:g} s and was killed")
+                limit = f"rl_config.reward_timeout_s={self.limits.call_timeout_s:g} s"
+                failed[worker.task] = (
+                    ("timeout", f"ran past {limit} and was killed") if worker.took_request()
+                    else ("unresponsive", f"its reward worker did not take the request within "
+                                          f"{limit} (stopped or frozen?) and was killed"))
                 self._replace(worker)
             elif not worker.ready and now >= worker.started + _STARTUP_TIMEOUT_S:
                 self._replace(worker)  # a worker that never started: try a fresh one

@@ -164,8 +164,10 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
         scores = per_verifier[name].tolist() if writer else []
         metrics[f"reward/{name}"] = global_stats("v", scores, writer)["v/mean"]
     # Verifier calls that ran past their time limit or raised (scored as failed, logged).
-    failed = ctx.reward_pool.take_counts() if ctx.reward_pool is not None else (0, 0)
-    metrics["reward/timeouts"], metrics["reward/errors"] = global_sums(list(map(float, failed)))
+    # Calls whose worker did not even take the request (stopped, frozen) are counted apart.
+    failed = ctx.reward_pool.take_counts() if ctx.reward_pool is not None else (0, 0, 0)
+    (metrics["reward/timeouts"], metrics["reward/errors"],
+     metrics["reward/unresponsive_workers"]) = global_sums(list(map(float, failed)))
     metrics["response/truncated_fraction"] = global_stats("f", truncated, writer)["f/mean"]
     if rl.overlong_buffer_len:
         metrics["reward/overlong_penalty"] = global_stats("p", overlong, writer)["p/mean"]

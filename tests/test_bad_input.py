@@ -179,6 +179,40 @@ def test_non_utf8_line(assets, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_empty_prompts_are_skipped_with_one_warning_or_refused(tmp_path, caplog):
+    """A file of empty prompts used to train silently (issue #37): its rows are skipped with
+    one warning naming the file and the count, and a file of nothing else is refused."""
+    import logging
+
+    from mindspeed_rl.data import load_prompt_dataset
+    from mindspeed_rl.data.prompts import read_prompt_rows
+
+    empty = tmp_path / "empty_prompts.jsonl"
+    empty.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n"
+                             for p in ["", "  ", "\n\t", ""]))
+    with pytest.raises(ValueError) as e:
+        load_prompt_dataset(str(empty), None)
+    assert f"all 4 rows of {empty} have an empty prompt" in str(e.value)
+    assert "megatron_training.data_path" in str(e.value)
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n"
+                             for p in ["What is 0+1?", "", "What is 1+0?", " "]))
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": m, "answer": "1"}) + "\n" for m in [
+        [{"role": "user", "content": "What is 0+1?"}], [{"role": "user", "content": ""}],
+        [{"role": "system", "content": " "}, {"role": "user", "content": ""}]]))
+    with caplog.at_level(logging.WARNING, logger="mindspeed_rl.data.prompts"):
+        rows = read_prompt_rows(str(mixed))
+        chat_rows = read_prompt_rows(str(chat))
+    assert [r.source_row for r in rows] == [0, 2] and [r.source_row for r in chat_rows] == [0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"{mixed}: 2 of its 4 rows have an empty prompt and are skipped "
+                        "(rows 1, 3)",
+                        f"{chat}: 2 of its 3 rows have an empty prompt and are skipped "
+                        "(rows 1, 2)"], warnings
+
+
 # ---------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------
@@ -251,6 +285,57 @@ def test_checkpoint_of_another_model(assets, converted, tmp_path, which, fragmen
     assert rc == 2
     assert_one_line_error(err, str(converted[which]), *fragments,
                           "start from a checkpoint of the model in megatron_training.model")
+
+
+def _finished_checkpoint(folder: Path) -> Path:
+    """A checkpoint folder with a file and its manifest (what verification reads)."""
+    from mindspeed_rl.checkpoint.manifest import describe_files, write_manifest
+
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"tensor bytes")
+    write_manifest(folder, describe_files(folder))
+    return folder
+
+
+def test_newest_manifest_of_the_wrong_shape_falls_back_to_an_older_checkpoint(tmp_path, capsys):
+    """Valid JSON of the wrong shape (a list) in the newest manifest used to end in
+    AttributeError tracebacks on every rank (issue #37): it does not verify, and the resume
+    falls back to the newest checkpoint that does, saying so."""
+    from mindspeed_rl.checkpoint.trainer_state import resume_path
+
+    good = _finished_checkpoint(tmp_path / "iter_0000001")
+    newest = _finished_checkpoint(tmp_path / "iter_0000002")
+    (newest / "manifest.json").write_text('[{"files": {}}]\n')
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2\n")
+    assert resume_path(tmp_path) == good
+    out = capsys.readouterr().out
+    assert f"the latest checkpoint {newest} is damaged" in out
+    assert "not a checkpoint manifest (holds a JSON list, not an object)" in out
+    (newest / "manifest.json").write_text('{"format": "mindspeed_rl.checkpoint_manifest", '
+                                          '"files": {"__0_0.distcp": [12, "abc"]}}\n')
+    from mindspeed_rl.checkpoint import trainer_state
+
+    trainer_state._resolved.clear()  # resolved once per process: forget the first answer
+    assert resume_path(tmp_path) == good
+
+
+def test_binary_tracker_file_is_named(tmp_path):
+    """A binary latest_checkpointed_iteration.txt used to end in a bare "'utf-8' codec can't
+    decode byte 0xff" naming no file (issue #37)."""
+    from mindspeed_rl.checkpoint.trainer_state import resume_path
+    from mindspeed_rl.checkpoint.weight_source import classify
+    from mindspeed_rl.errors import CheckpointError
+
+    _finished_checkpoint(tmp_path / "iter_0000001")
+    tracker = tmp_path / "latest_checkpointed_iteration.txt"
+    tracker.write_bytes(b"\xff\xfe\x00\x01binary")
+    for read in (lambda: classify(tmp_path, "actor_config.load"), lambda: resume_path(tmp_path)):
+        with pytest.raises(CheckpointError) as e:
+            read()
+        message = str(e.value)
+        assert message.startswith(f"{tracker}: holds b'\\xff\\xfe"), message
+        assert "neither 'release' nor an iteration number" in message
+        assert f"an iter_XXXXXXX folder in {tmp_path}" in message
 
 
 # ---------------------------------------------------------------------------------------

@@ -61,8 +61,9 @@ def legacy_iteration_dir(load: str | Path, iteration: int | None | str = "latest
         if not tracker.is_file():
             raise CheckpointError(f"{tracker}: missing; {load} is not a Megatron checkpoint "
                                   "directory")
-        text = tracker.read_text().strip()
-        iteration = None if text == "release" else int(text)
+        from mindspeed_rl.checkpoint.weight_source import read_tracker
+
+        iteration = read_tracker(load)
     path = load / iteration_dir_name(iteration)
     if not is_legacy_checkpoint_dir(path):
         raise CheckpointError(f"{path}: no mp_rank_XX folders (not a legacy Megatron checkpoint)")

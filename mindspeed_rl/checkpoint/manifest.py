@@ -96,11 +96,20 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, dict]:
             "predates manifests: load another iteration, or re-create it with "
             "tools/convert_ckpt.py")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
+        # Valid JSON of another shape (a list, entries without a size) is as unusable as
+        # broken JSON: this checkpoint does not verify, and a resume falls back past it.
+        if not isinstance(data, dict):
+            raise ValueError(f"holds a JSON {type(data).__name__}, not an object")
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r} is not {FORMAT!r}")
-        return dict(data["files"])
-    except (ValueError, KeyError, TypeError) as exc:
+        files = data.get("files")
+        if not isinstance(files, dict) or not all(
+                isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str) for entry in files.values()):
+            raise ValueError("'files' is not a mapping of file -> {size, sha256}")
+        return dict(files)
+    except ValueError as exc:  # json's errors (UnicodeDecodeError too) are ValueErrors
         raise CheckpointError(f"{path}: not a checkpoint manifest ({exc})") from exc
 
 

@@ -62,11 +62,9 @@ def checkpoint_path(mg_dir: str | os.PathLike, iteration: int | None | str = "la
     """The dist-checkpoint folder of ``iteration`` ("latest": the tracker file's)."""
     mg_dir = Path(mg_dir)
     if iteration == "latest":
-        tracker = mg_dir / TRACKER_FILE
-        if not tracker.is_file():
-            raise CheckpointError(f"{tracker}: missing; no checkpoint has been saved in {mg_dir}")
-        text = tracker.read_text().strip()
-        iteration = None if text == RELEASE else int(text)
+        from mindspeed_rl.checkpoint.weight_source import read_tracker
+
+        iteration = read_tracker(mg_dir)
     path = mg_dir / iteration_dir_name(iteration)
     if not path.is_dir():
         raise CheckpointError(f"{path}: missing checkpoint folder")

@@ -39,6 +39,7 @@ from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _rera
                                                   iteration_dir_name, write_meta)
 from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
 from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
+from mindspeed_rl.checkpoint.weight_source import read_tracker
 from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault.collective import collective_failure_kind
 from mindspeed_rl.fault.phases import injection_point
@@ -270,18 +271,20 @@ def resume_path(load_dir: str | os.PathLike) -> Path:
     listing = None
     if _rank() == 0:
         try:
-            listing = ((load_dir / TRACKER_FILE).read_text().strip(),
+            listing = (read_tracker(load_dir),
                        sorted(p.name for p in load_dir.glob("iter_" + "[0-9]" * 7)))
-        except OSError as exc:  # every rank raises it, none waits in the broadcast
-            listing = f"{load_dir / TRACKER_FILE}: cannot be read on rank 0 ({exc})"
+        except CheckpointError as exc:  # every rank raises it, none waits in the broadcast
+            listing = str(exc)
+        except OSError as exc:
+            listing = f"{load_dir}: cannot be listed on rank 0 ({exc})"
     listing = _broadcast_from_rank0(listing)
     if isinstance(listing, str):
         raise CheckpointError(listing)
-    text, names = listing
-    key = (load_dir.absolute(), text)  # a later save moves the tracker: resolved anew
+    iteration, names = listing
+    key = (load_dir.absolute(), iteration)  # a later save moves the tracker: resolved anew
     if key in _resolved:
         return _resolved[key]
-    latest = load_dir / iteration_dir_name(None if text == "release" else int(text))
+    latest = load_dir / iteration_dir_name(iteration)
     older = [load_dir / name for name in reversed(names) if name < latest.name]
     first_error = None
     for candidate in [latest, *older]:

@@ -59,14 +59,37 @@ class WeightSource:
         return cls(**data)
 
 
-def _iteration(load: Path) -> tuple[int | None, Path] | None:
-    tracker = load / _TRACKER
-    if not tracker.is_file():
+def read_tracker(folder: str | Path) -> int | None:
+    """The iteration ``folder/latest_checkpointed_iteration.txt`` names (None: ``release``).
+
+    CheckpointError naming the file when it is missing, cannot be read, or holds anything
+    but ``release`` or an iteration number (a damaged or foreign file, binary included)."""
+    tracker = Path(folder) / _TRACKER
+    try:
+        raw = tracker.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{tracker}: missing; no checkpoint has been saved in "
+                              f"{folder}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{tracker}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        text = None
+    if text == "release":
         return None
-    text = tracker.read_text().strip()
-    iteration = None if text == "release" else int(text) if text.isdigit() else -1
-    if iteration == -1:
-        raise CheckpointError(f"{tracker}: holds {text!r}, neither 'release' nor an iteration")
+    if text is None or not text.isdigit():
+        raise CheckpointError(
+            f"{tracker}: holds {raw[:40]!r}{'...' if len(raw) > 40 else ''}, neither "
+            "'release' nor an iteration number (a damaged or foreign file); write the number "
+            f"of the iteration to load (an iter_XXXXXXX folder in {folder}) into it")
+    return int(text)
+
+
+def _iteration(load: Path) -> tuple[int | None, Path] | None:
+    if not (load / _TRACKER).is_file():
+        return None
+    iteration = read_tracker(load)
     folder = load / ("release" if iteration is None else f"iter_{iteration:07d}")
     return iteration, folder
 

@@ -127,6 +127,8 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
 
     A row without the prompt or the answer field fails with the file and row
     (counted from 0) named. ``answer_key=None``: the data has no answers (all "").
+    Rows whose prompt is empty (blank text, no messages or only blank ones, no token ids)
+    are skipped: one warning per file names it and counts them.
     """
     if is_indexed_prefix(path):
         prompts, answers = read_indexed_prompts(path, data_path_key)
@@ -134,6 +136,7 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
                           prompt_ids=p, answer_ids=a)
                 for i, (p, a) in enumerate(zip(prompts, answers))]
     rows: list[RawPrompt] = []
+    skipped = []  # (file, its rows with an empty prompt, its row count)
     for file in data_files(path, data_path_key):
         if os.path.getsize(file) == 0:  # datasets fails on it with an empty message
             continue
@@ -146,6 +149,7 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
         answers = table[answer_key] if answer_key is not None and answer_key in columns else None
         ids = table[PROMPT_IDS_COLUMN] if pre_tokenized else None
         texts = table[PROMPT_TEXT_COLUMN] if PROMPT_TEXT_COLUMN in columns else None
+        empty = []
         for row in range(len(table)):
             prompt = prompts[row] if prompts is not None else None
             if pre_tokenized:
@@ -162,11 +166,37 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
                                      "set megatron_training.answer_key")
             else:
                 answer = str(answers[row])
+            if _is_empty_prompt(prompt, ids[row] if pre_tokenized else None):
+                empty.append(row)
+                continue
             rows.append(RawPrompt(
                 prompt=prompt, answer=answer, source_file=file, source_row=row,
                 prompt_ids=list(ids[row]) if pre_tokenized else None,
                 prompt_text=texts[row] if texts is not None else None))
+        if empty:
+            skipped.append((file, empty, len(table)))
+    if skipped and not rows:
+        raise ValueError(f"all {sum(len(e) for _, e, _ in skipped)} rows of {path} have an "
+                         "empty prompt (no text, no token ids); fill them in, or point "
+                         f"{data_path_key} at another file")
+    for file, empty, total in skipped:
+        shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+        logger.warning("%s: %d of its %d rows have an empty prompt and are skipped (rows %s)",
+                       file, len(empty), total, shown)
     return rows
+
+
+def _is_empty_prompt(prompt, ids) -> bool:
+    """A prompt with nothing to answer: training on it teaches nothing and its rollouts
+    are the model talking to itself."""
+    if ids is not None:
+        return len(ids) == 0
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    if isinstance(prompt, list):
+        return not any(isinstance(m, dict) and isinstance(m.get("content"), str)
+                       and m["content"].strip() for m in prompt)
+    return False
 
 
 # MindSpeed-RL's qwen_retool template: after the question, how to state the answer.

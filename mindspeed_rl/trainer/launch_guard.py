@@ -187,11 +187,14 @@ class LaunchGuard:
         elif not (self.save_dir and can_save):
             verdict = _NO_SAVE_DIR
         elif tracker.rank == 0:
-            from mindspeed_rl.checkpoint.megatron_dir import TRACKER_FILE
+            from mindspeed_rl.checkpoint.weight_source import read_tracker
+            from mindspeed_rl.errors import CheckpointError
 
-            tracker_file = os.path.join(self.save_dir, TRACKER_FILE)
-            if os.path.isfile(tracker_file) and open(tracker_file).read().strip() == str(done):
-                verdict = _ALREADY_SAVED
+            try:
+                if read_tracker(self.save_dir) == done:
+                    verdict = _ALREADY_SAVED
+            except CheckpointError:  # none yet, or damaged: save (it rewrites the tracker)
+                pass
         return preemption.decide(verdict)
 
     def _preempted(self, stop: Preempted, save_checkpoint) -> int:

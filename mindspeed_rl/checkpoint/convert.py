@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -181,6 +182,10 @@ def _load_merged_lora(model, arch, source, adapter_dir) -> None:
     from mindspeed_rl.models.lora import merge_adapters
 
     lora = load_lora_model(model, arch, source)
+    if lora["regrouped"]:
+        print(f"{source.path}: an older LoRA checkpoint: linear_fc1's lora_B of "
+              f"{lora['regrouped']} layers regrouped from the rank-interleaved layout it was "
+              "saved in to [gate; up]", file=sys.stderr)
     if adapter_dir is not None:
         base = lora.get("base") or {}
         with staged_output_dir(adapter_dir, True) as out:

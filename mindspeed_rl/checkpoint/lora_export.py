@@ -8,7 +8,10 @@ run started from (``initial_weights``). `load_lora_model` rebuilds the whole ada
 `write_peft_adapter` writes the adapters in PEFT's format, renamed to the HF modules
 (megatron's fused ``linear_qkv`` -> q/k/v_proj sharing A, B split by rows like the weight;
 ``linear_fc1`` -> gate/up_proj likewise), which ``peft.PeftModel.from_pretrained`` loads
-onto the base HF model.
+onto the base HF model. A checkpoint written before ``linear_fc1``'s B was stored in the
+global [gate; up] layout (no ``fc1_lora_B_layout`` in its lora record) holds it in the
+rank-interleaved order of the TP it was saved at, which its RNG state records: the rows are
+regrouped after loading (``mindspeed_rl.models.lora.regroup_gate_up_rows``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 from mindspeed_rl.checkpoint.megatron_dir import checkpoint_path, load_megatron_checkpoint
 from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
 from mindspeed_rl.errors import CheckpointError
-from mindspeed_rl.models.lora import ADAPTER_MARKERS, add_lora_adapters, is_adapter_name
+from mindspeed_rl.models.lora import (ADAPTER_MARKERS, FC1_B_LAYOUT_KEY, add_lora_adapters,
+                                      is_adapter_name, regroup_gate_up_rows)
 
 
 def has_adapters(keys) -> bool:
@@ -59,7 +63,26 @@ def load_lora_model(model, arch, source) -> dict:
                                  exclude=backbone)
     else:
         load_megatron_checkpoint(model, source.path, iteration=source.iteration)
-    return dict(lora, base=common.get("initial_weights"))
+    regrouped = 0
+    if FC1_B_LAYOUT_KEY not in lora:  # saved before B was stored in the global layout
+        regrouped = regroup_gate_up_rows(model, _saved_tp(source, common))
+    return dict(lora, base=common.get("initial_weights"), regrouped=regrouped)
+
+
+def _saved_tp(source, common) -> int:
+    """The TP a checkpoint without the global-layout record was saved at (its B rows are
+    interleaved by it); CheckpointError when the checkpoint does not say."""
+    from mindspeed_rl.checkpoint.trainer_state import saved_parallel_layout
+
+    path = checkpoint_path(source.path, source.iteration)
+    layout = saved_parallel_layout(path, common)
+    if layout is None:
+        raise CheckpointError(
+            f"{path}: its LoRA adapters on linear_fc1 were saved in the rank-interleaved "
+            "layout of the tensor parallelism it ran at, which this checkpoint does not "
+            "record (no RNG state); it cannot be exported correctly: export it with the code "
+            "that trained it, or retrain")
+    return layout["actor_config.tensor_model_parallel_size"]
 
 
 _HF_MODULE = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),

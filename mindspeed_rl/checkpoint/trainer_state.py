@@ -20,6 +20,7 @@ manifest; a damaged latest checkpoint falls back to the newest one that verifies
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
@@ -148,13 +149,15 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
     stepped = {name for name, t in trainables.items() if t.scheduler.num_steps > 0}
     common = dict(common, iteration=iteration, optimizers_saved=sorted(stepped),
                   schedulers={name: t.scheduler.state_dict() for name, t in trainables.items()},
-                  optimizer_layout=_optimizer_layout(trainables["actor"]))
-    from mindspeed_rl.models.lora import lora_settings
+                  optimizer_layout=_optimizer_layout(trainables["actor"]),
+                  parallel_layout=_parallel_layout())
+    from mindspeed_rl.models.lora import FC1_B_GLOBAL, FC1_B_LAYOUT_KEY, lora_settings
 
     lora = lora_settings(trainables["actor"].model)
     if lora is not None:   # what tools/convert_ckpt.py needs to rebuild the adapters
         common["lora"] = dict(lora, adapters_only=bool(
-            getattr(trainables["actor"], "checkpoint_adapters_only", False)))
+            getattr(trainables["actor"], "checkpoint_adapters_only", False)),
+            **{FC1_B_LAYOUT_KEY: FC1_B_GLOBAL})
     error = None
     try:
         tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
@@ -333,6 +336,50 @@ def _optimizer_layout(actor) -> dict:
             "megatron_training.bf16": bool(actor.model.config.bf16)}
 
 
+def _parallel_layout() -> dict:
+    """The training layout, which fixes how the optimizer, RNG and per-rank state are cut."""
+    from megatron.core import parallel_state as ps
+
+    return {"actor_config.tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+            "actor_config.pipeline_model_parallel_size":
+                ps.get_pipeline_model_parallel_world_size()}
+
+
+def saved_parallel_layout(path: Path, common: dict) -> dict | None:
+    """The layout a trainer checkpoint was saved at: recorded in its common state, or (older
+    checkpoints) read from the shard grid of its RNG state, one shard per (PP, TP) rank."""
+    if common.get("parallel_layout"):
+        return common["parallel_layout"]
+    from megatron.core.dist_checkpointing.serialization import load_sharded_metadata
+
+    try:
+        with restricted_unpickling(path):
+            metadata = load_sharded_metadata(str(path))
+    except Exception:  # noqa: BLE001 - unreadable metadata: the load itself names the problem
+        return None
+    # One ShardedObject per (PP, TP) rank, keyed rng_state/shard_<offset>_<shape>.
+    shapes = {getattr(v, "global_shape", None) for k, v in metadata.items()
+              if k.split("/")[0] == "rng_state"}
+    shape = shapes.pop() if len(shapes) == 1 else None
+    if shape is None or len(shape) != 2:
+        return None
+    return {"actor_config.tensor_model_parallel_size": int(shape[1]),
+            "actor_config.pipeline_model_parallel_size": int(shape[0])}
+
+
+def _check_parallel_layout(path: Path, saved: dict | None) -> None:
+    """A resume runs at the layout it was saved at: its optimizer state, RNG states and each
+    rank's own state are cut by it (the weights alone load at any layout)."""
+    now = _parallel_layout()
+    for key, value in (saved or {}).items():
+        if now.get(key, value) != value:
+            raise CheckpointError(
+                f"{path}: was saved with {key}={value} and this run has {key}={now[key]}; a "
+                "resume needs the layout it was saved at (its optimizer, RNG and per-rank "
+                f"state are cut by it): set {key}: {value}, or start a new run from its "
+                "weights (actor_config.finetune: true, or tools/convert_ckpt.py)")
+
+
 def _check_optimizer_layout(path: Path, saved: dict | None, actor) -> None:
     """Optimizer state has no conversion between these layouts: name the key to set back."""
     if saved is None:  # written before the layout was recorded
@@ -379,17 +426,26 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
         raise CheckpointError(f"{path}: holds no state of {missing} (it saved "
                               f"{sorted(saved_roles)}); resume a run with the same roles, or "
                               "start from a converted checkpoint")
+    _check_parallel_layout(path, saved_parallel_layout(path, common))
     if load_optimizer:
         _check_optimizer_layout(path, common.get("optimizer_layout"), actor)
     optimizers = set(common.get("optimizers_saved", trainables)) if load_optimizer else set()
     optimizers &= set(trainables)
     for name in optimizers:
         trainables[name].prepare_optimizer_for_load()
+    from mindspeed_rl.models.lora import FC1_B_LAYOUT_KEY, rank_local_fc1_rows
+
+    lora = common.get("lora")
+    # Written before linear_fc1's B was stored in the global layout: read at the TP it was
+    # saved at (checked above), each rank's rows are its own, as they were saved.
+    legacy = rank_local_fc1_rows(actor.model) if lora is not None and \
+        FC1_B_LAYOUT_KEY not in lora else contextlib.nullcontext()
     try:
         with torch.no_grad(), restricted_unpickling(path):
-            state = dist_checkpointing.load(
-                _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
-                            with_rng=load_rng), str(path))
+            with legacy:
+                request = _state_dict(trainables, {}, loading=True, with_optimizer=optimizers,
+                                      with_rng=load_rng)
+            state = dist_checkpointing.load(request, str(path))
             schedulers = common.get("schedulers") or {"actor": common.get("scheduler")}
             for name, role in trainables.items():
                 part = state if name == "actor" else state[name]

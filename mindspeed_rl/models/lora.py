@@ -22,6 +22,14 @@ So each rank's merged shard ``W_k + s B_k A`` (column) or ``W_k + s B A_k`` (row
 that rank's shard of ``W + s B A``: `delta_weight` is what the resharding flow adds to the
 backbone before vLLM receives it, and what the exporter merges.
 
+``linear_fc1`` of a gated MLP (SwiGLU: llama, qwen2, qwen3) holds rank k's rows as
+[gate_k; up_k], so its B does too. In checkpoints megatron-core stores the weight in the
+global [gate; up] layout (``apply_swiglu_sharded_factory``), which loads at any TP; B is
+stored the same way here. Checkpoints written before that (no ``fc1_lora_B_layout`` in
+their lora record) hold B in the rank-interleaved order [gate_0; up_0; gate_1; up_1...] of
+the TP they were saved at: :func:`rank_local_fc1_rows` loads them at that TP (a resume) and
+:func:`regroup_gate_up_rows` converts the whole tensor (the exporter).
+
 The adapters are added to the megatron modules in place (their class becomes a subclass
 with the adapter path), so the backbone keeps megatron's parameter names and every weight
 map, loader and checkpoint of the base model applies unchanged; the adapter parameters are
@@ -46,6 +54,9 @@ import torch
 
 TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 ADAPTER_MARKERS = (".lora_A.", ".lora_B.")
+# The lora record's key and value (checkpoint common state) saying B of linear_fc1 is stored
+# in the global [gate; up] layout; absent in checkpoints written before it was.
+FC1_B_LAYOUT_KEY, FC1_B_GLOBAL = "fc1_lora_B_layout", "global_gate_up"
 
 
 def is_adapter_name(name: str) -> bool:
@@ -57,6 +68,8 @@ class _LoraMixin:
     """The adapter path of a megatron parallel linear; see the module docstring."""
 
     lora_column: bool
+    lora_gate_up = False        # linear_fc1 of a gated MLP: B's rows are [gate_k; up_k]
+    lora_rank_local_rows = False  # load a pre-layout checkpoint (rank_local_fc1_rows)
 
     def _init_lora(self, r: int, alpha: float, seed: int) -> None:
         from megatron.core import parallel_state as ps
@@ -128,9 +141,19 @@ class _LoraMixin:
 
         axes = ({"weight": 0, "bias": 0, "lora_B.weight": 0} if self.lora_column
                 else {"weight": 1, "lora_A.weight": 1})
-        return make_sharded_tensors_for_checkpoint(
+        state = make_sharded_tensors_for_checkpoint(
             self.state_dict(prefix="", keep_vars=True), prefix, axes, sharded_offsets,
             tp_group=self.tp_group, dp_cp_group=metadata["dp_cp_group"])
+        if self.lora_gate_up and not self.lora_rank_local_rows:
+            # B as the weight: megatron's MLP rewrites only linear_fc1's weight and bias into
+            # the global [gate; up] layout, so B's rank-interleaved rows would be saved as
+            # they lie and read wrongly at any other TP (and by the exporter, at TP 1).
+            from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+
+            key = f"{prefix}lora_B.weight"
+            state[key] = apply_swiglu_sharded_factory(
+                state[key], sharded_offsets, metadata.get("singleton_local_shards", False))
+        return state
 
 
 _CLASSES: dict[type, type] = {}
@@ -167,6 +190,7 @@ def add_lora_adapters(model, target_modules, r: int, alpha: float, seed: int) ->
                 raise TypeError(f"{name}: {type(module).__name__} is not a megatron-core "
                                 "parallel linear; LoRA adapts only those")
             module.__class__ = _lora_class(type(module), column)
+            module.lora_gate_up = leaf == "linear_fc1" and bool(model.config.gated_linear_unit)
             global_name = f"decoder.layers.{layer.layer_number - 1}.{name}"
             module._init_lora(r, alpha, seed=zlib.crc32(f"{seed}:{global_name}".encode()))
             count += 1
@@ -207,6 +231,36 @@ def adapters_disabled(model) -> Iterator[None]:
     finally:
         for m in modules:
             m.lora_enabled = True
+
+
+@contextlib.contextmanager
+def rank_local_fc1_rows(model) -> Iterator[None]:
+    """Inside, linear_fc1's B is described to dist_checkpointing as each rank's rows as they
+    lie ([gate_k; up_k]), the layout of checkpoints written before the global one: loading
+    such a checkpoint at the TP it was saved at restores B exactly."""
+    modules = [m for m in adapted_modules(model).values() if m.lora_gate_up]
+    for m in modules:
+        m.lora_rank_local_rows = True
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.lora_rank_local_rows = False
+
+
+@torch.no_grad()
+def regroup_gate_up_rows(model, saved_tp: int) -> int:
+    """Rewrite linear_fc1's whole B (a TP=1 model) from the rank-interleaved order of a
+    checkpoint saved at ``saved_tp`` ([gate_0; up_0; gate_1; up_1...]) to [gate; up].
+    Returns the number of tensors rewritten."""
+    count = 0
+    for m in adapted_modules(model).values():
+        if m.lora_gate_up and saved_tp > 1:
+            b = m.lora_B.weight
+            rows, r = b.shape
+            b.copy_(b.view(saved_tp, 2, rows // (2 * saved_tp), r).transpose(0, 1).reshape(rows, r))
+            count += 1
+    return count
 
 
 @torch.no_grad()

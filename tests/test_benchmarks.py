@@ -95,3 +95,24 @@ def test_decode_step_cost_is_measured_per_batch_and_fitted():
         assert fit["ms_per_step"] == pytest.approx(a)
         assert fit["us_per_sequence"] == pytest.approx(1000 * b)
         assert fit["batch_independent_share"] == pytest.approx(a / per_batch["4"])
+
+
+def test_bench_tools_times_both_modes():
+    """bench_tools.py: median and p99 per call of each program, in the sandbox and without,
+    and the sandbox's added median."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_tools import PROGRAMS, percentile
+
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([1.0, 2.0], 0.99) == \
+        pytest.approx(1.99)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_tools.py"),
+                           "--calls", "2", "--warmup", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for program in PROGRAMS:
+        modes = ["sandbox", "no_sandbox"] + (["no_sandbox_bare"] if program == "trivial" else [])
+        for mode in modes:
+            row = result[program][mode]
+            assert row["calls"] == 2 and 0 < row["median_s"] <= row["p99_s"]
+        assert all(f"added_median_ms_vs_{mode}" in result[program] for mode in modes[1:])

@@ -1,8 +1,9 @@
 """The local code interpreter against hostile code: 20 attacks, each through the entry point
 the rollout uses, ``ToolPool(load_tool_config("configs/tools/code_interpreter.yaml"))``
-with the shipped settings. Each one succeeded against the interpreter without a sandbox
-(a child process as the trainer's user, issue #37): here each must fail, and the test checks
-the effect on the host, not only the message.
+with the shipped settings. Against the interpreter without a sandbox (a child process as the
+trainer's user, issue #37) all but the memory, CPU-loop and output attacks (7-9, which its
+limits stopped) succeeded: here each must fail, and the test checks the effect on the host,
+not only the message.
 
 The sandbox needs bubblewrap and unprivileged user namespaces (shell/setup_env.sh installs
 bubblewrap). Where it cannot start the module is skipped with the reason printed, except

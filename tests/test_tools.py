@@ -185,8 +185,8 @@ _REFUSED = [
     ("site_packages not names", _GOOD.replace("type: native",
                                               "type: native\n      site_packages: [numpy.linalg]"),
      "tools[0].config.site_packages"),
-    ("unsafe_no_sandbox not a bool", _GOOD.replace("type: native",
-                                                   "type: native\n      unsafe_no_sandbox: yes please"),
+    ("unsafe_no_sandbox not a bool",
+     _GOOD.replace("type: native", "type: native\n      unsafe_no_sandbox: yes please"),
      "tools[0].config.unsafe_no_sandbox"),
 ]
 

@@ -14,8 +14,9 @@ verifier never pays), counts in ``reward/timeouts`` or ``reward/errors`` and is 
 line on stderr with its row. The rank never blocks on a worker: a request larger than a
 pipe's guaranteed room is written by a thread, so a worker that stops reading (SIGSTOP, a
 debugger, a frozen cgroup) costs its call's time limit, not the rank's: it is killed and
-replaced, and the call scores as failed and counts in ``reward/unresponsive_workers``. A NaN/inf a verifier returns is still an error of the job
-(registry.compute_rewards): that is a bug of the verifier, not of the output.
+replaced, and the call scores as failed and counts in ``reward/unresponsive_workers``. A
+NaN/inf a verifier returns is still an error of the job (registry.compute_rewards): that
+is a bug of the verifier, not of the output.
 
 The workers ignore SIGINT and SIGTERM (a preempted rank finishes its iteration and saves:
 its rewards must still come back) and die with the rank (PR_SET_PDEATHSIG on Linux, and

@@ -4,7 +4,7 @@
   hermes tools block of the system prompt;
 - :mod:`~mindspeed_rl.tools.parser`: ``<tool_call>`` blocks in the model's text, and
   tool responses cut to ``max_tool_response_length`` characters;
-- :mod:`~mindspeed_rl.tools.code_interpreter`: Python in a limited child process;
+- :mod:`~mindspeed_rl.tools.code_interpreter`: Python in a sandboxed, limited child process;
 - :mod:`~mindspeed_rl.tools.sandbox`: the bubblewrap + seccomp sandbox it runs in;
 - :mod:`~mindspeed_rl.tools.sandbox_fusion`: a client of a SandboxFusion service;
 - :mod:`~mindspeed_rl.tools.pool`: a batch of calls run concurrently, each bounded in time.

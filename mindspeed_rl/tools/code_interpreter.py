@@ -51,7 +51,7 @@ from mindspeed_rl.tools.sandbox import WORKDIR, Sandbox, warn_unsandboxed
 MAX_OUTPUT_BYTES = 1 << 20
 FILE_SIZE_LIMIT = 64 << 20
 OPEN_FILES_LIMIT = 256
-SPARE_PROCESSES = 256  # unsandboxed: processes a call may add (RLIMIT_NPROC counts all of the user's)
+SPARE_PROCESSES = 256  # unsandboxed: processes a call may add (RLIMIT_NPROC counts the user's)
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
         # numpy/BLAS in many concurrent calls: one thread each, not one per core each

@@ -211,19 +211,25 @@ def test_10_no_daemon_outlives_the_call(pool):
 
 # ---- 11-14: the calling process -------------------------------------------------------------
 
+def _signal_the_caller(pool, name: str):
+    """The code sends signal ``name`` to this process (its pid as the host numbers it) and
+    to its own parent."""
+    return run(pool, f"""
+        import os, signal
+        for pid in ({os.getpid()}, os.getppid()):
+            try:
+                os.kill(pid, signal.{name})
+                print(pid, "signalled")
+            except OSError as e:
+                print(pid, type(e).__name__)
+    """)
+
+
 def test_11_cannot_signal_the_caller(pool):
     received = []
     previous = signal.signal(signal.SIGTERM, lambda *_: received.append("SIGTERM"))
     try:
-        result = run(pool, f"""
-            import os, signal
-            for pid in ({os.getpid()}, os.getppid()):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                    print(pid, "signalled")
-                except OSError as e:
-                    print(pid, type(e).__name__)
-        """)
+        result = _signal_the_caller(pool, "SIGTERM")
         time.sleep(0.2)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -238,15 +244,7 @@ def test_12_cannot_stop_the_caller(pool):
     previous = signal.signal(signal.SIGCONT, lambda *_: continued.append(True))
     watchdog = subprocess.Popen(["sh", "-c", f"sleep 20; kill -CONT {os.getpid()}"])
     try:
-        result = run(pool, f"""
-            import os, signal
-            for pid in ({os.getpid()}, os.getppid()):
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                    print(pid, "stopped")
-                except OSError as e:
-                    print(pid, type(e).__name__)
-        """)
+        result = _signal_the_caller(pool, "SIGSTOP")
     finally:
         watchdog.kill()
         watchdog.wait()

@@ -297,39 +297,37 @@ def test_15_cannot_import_the_project(pool):
     assert "ModuleNotFoundError: No module named 'mindspeed_rl'" in result.text
 
 
+def _try_to_write(pool, path: Path, mode: str):
+    """The code writes a line that would run a program into ``path`` (``mode`` "a"/"w")."""
+    return run(pool, f"""
+        try:
+            open({str(path)!r}, {mode!r}).write("import os; os.system('id')\\n")
+            print("written")
+        except OSError as e:
+            print(type(e).__name__)
+    """)
+
+
 def test_16_cannot_write_the_project(pool):
     scratch = ROOT / f".sandbox_test_{os.getpid()}.py"  # a stand-in for a project module
     scratch.write_text("VALUE = 1\n")
     try:
         before = hashlib.sha256(scratch.read_bytes()).hexdigest()
-        result = run(pool, f"""
-            try:
-                open({str(scratch)!r}, "a").write("import os; os.system('id')\\n")
-                print("appended")
-            except OSError as e:
-                print(type(e).__name__)
-        """)
+        result = _try_to_write(pool, scratch, "a")
         assert hashlib.sha256(scratch.read_bytes()).hexdigest() == before
     finally:
         scratch.unlink()
-    assert "appended" not in result.text and "Error" in result.text
+    assert "written" not in result.text and "Error" in result.text
 
 
 def test_17_cannot_write_the_virtualenv(pool):
-    site = Path(sysconfig.get_paths()["purelib"])
-    pth = site / "msrl_sandbox_test.pth"
+    pth = Path(sysconfig.get_paths()["purelib"]) / "msrl_sandbox_test.pth"  # runs at start-up
     try:
-        result = run(pool, f"""
-            try:
-                open({str(pth)!r}, "w").write("import os; os.system('id')\\n")
-                print("planted")
-            except OSError as e:
-                print(type(e).__name__)
-        """)
+        result = _try_to_write(pool, pth, "w")
         assert not pth.exists()
     finally:
         pth.unlink(missing_ok=True)
-    assert "planted" not in result.text and "Error" in result.text
+    assert "written" not in result.text and "Error" in result.text
 
 
 # ---- 18: system calls through ctypes --------------------------------------------------------

@@ -391,10 +391,14 @@ def test_seq_length_is_the_prompt_data_length(job):
     config = load_config(job(megatron_training={"seq_length": 256},
                              rl_config={"max_prompt_length": 256},
                              generate_config={"max_model_len": 512}))
-    assert config.megatron_training.seq_length == 256
-    message = error_of(load_config, job(megatron_training={"seq_length": 128}))
-    assert message.startswith("megatron_training.seq_length=128: is shorter than "
-                              "rl_config.max_prompt_length=256")
+    assert config.megatron_training.seq_length == 256 and config.warnings == ()
+    # shorter than max_prompt_length: MindSpeed-RL cuts the prompts, so does the run, warned
+    config = load_config(job(megatron_training={"seq_length": 128}))
+    assert config.warnings == (
+        "megatron_training.seq_length=128 is shorter than rl_config.max_prompt_length=256: "
+        "prompts longer than 128 tokens are cut to their first 128 tokens (those longer than "
+        "256 dropped first), as MindSpeed-RL reads its prompt data; raise seq_length to 256 to "
+        "keep whole prompts",)
     message = error_of(load_config, job(megatron_training={"seq_length": 1024},
                                         generate_config={"max_model_len": 512}))
     assert "exceeds generate_config.max_model_len=512" in message

@@ -60,6 +60,20 @@ def test_jsonl_with_chat_template(tmp_path):
     assert item.source_row == 0 and item.source_file.endswith("p.jsonl")
 
 
+def test_prompts_are_cut_to_seq_length(tmp_path):
+    """As MindSpeed-RL reads its prompt data: longer than max_prompt_length dropped, then
+    longer than seq_length (cut_to) cut to the first seq_length tokens."""
+    # token counts of the three templated prompts: 11, 11 and 6
+    ds = load_prompt_dataset(write_jsonl(tmp_path / "p.jsonl", ROWS), make_tokenizer(), 10,
+                             cut_to=8)
+    assert len(ds) == 1 and ds.num_dropped == 2          # 11 > 10: dropped
+    ds = load_prompt_dataset(write_jsonl(tmp_path / "p.jsonl", ROWS), make_tokenizer(), 64,
+                             cut_to=8)
+    whole = ids("<|im_start|> user What is 3 + 4 ? <|im_end|> <|im_start|> assistant")
+    assert ds[0].prompt_ids == whole[:8] and len(ds[2].prompt_ids) == 6   # 6 <= 8: whole
+    assert ds[0].prompt_text == "<|im_start|> user What is 3 + 4 ?"     # the text of the cut
+
+
 def test_ids_match_apply_chat_template_tokenize(tmp_path):
     # Rendering then encoding without special tokens is what tokenize=True does.
     tok = make_tokenizer()

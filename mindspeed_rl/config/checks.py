@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mindspeed_rl.config import phase_names as names
 from mindspeed_rl.config.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -287,24 +288,24 @@ def _check_lengths(config: RLJobConfig) -> None:
              (f"lower max_tokens to at most {gen.max_model_len - prompt} or raise "
               if gen.max_model_len > prompt else "lower rl_config.max_prompt_length or raise ")
              + f"generate_config.max_model_len to at least {total}")
-    # seq_length is the prompt data's length in MindSpeed-RL (prompts are read cut to it);
-    # here prompts longer than max_prompt_length are dropped instead, never cut.
-    _require(prompt <= mt.seq_length, "megatron_training.seq_length", mt.seq_length,
-             f"is shorter than rl_config.max_prompt_length={prompt}: MindSpeed-RL would cut "
-             "prompts to seq_length tokens; here prompts are never cut (longer ones are "
-             "dropped)", f"raise seq_length to at least {prompt} or lower max_prompt_length")
+    # seq_length is the prompt data's length, as in MindSpeed-RL: a seq_length below
+    # max_prompt_length cuts the longer prompts (the loader's warning says so).
     _require(mt.seq_length <= gen.max_model_len, "megatron_training.seq_length", mt.seq_length,
              f"exceeds generate_config.max_model_len={gen.max_model_len} (MindSpeed-RL checks "
              "the same)", f"use at most {gen.max_model_len}")
     if rl.use_dynamic_bsz:
-        for prefix in ("", "update_", "actor_", "ref_"):
-            key = f"{prefix}max_packing_token_size"
+        # The budget of each phase the job runs: its own key, else the base (as MindSpeed-RL
+        # reads them); a role the algorithm does not build is not checked.
+        for phase, prefix in packing_budgets(config).items():
+            key = f"{prefix}max_packing_token_size" if getattr(
+                rl, f"{prefix}max_packing_token_size") is not None else "max_packing_token_size"
             budget = getattr(rl, key)
-            if budget is None:
-                continue
+            by = "" if key == f"{prefix}max_packing_token_size" else (
+                f" (the {phase} phase's budget: rl_config.{prefix}max_packing_token_size is "
+                "not set)")
             _require(budget >= total, f"rl_config.{key}", budget,
-                     f"smaller than the longest single row: rl_config.max_prompt_length={prompt} "
-                     f"+ {what}={response} = {total} tokens "
+                     f"smaller than the longest single row{by}: rl_config.max_prompt_length="
+                     f"{prompt} + {what}={response} = {total} tokens "
                      "(a micro-batch must hold at least one row)",
                      f"use at least {total} (MindSpeed-RL suggests twice that, {2 * total})")
         for prefix in ("", "update_", "actor_", "ref_"):
@@ -325,6 +326,27 @@ def _check_lengths(config: RLJobConfig) -> None:
              f"use at least {gen.max_num_seqs}, or null for vLLM's default")
 
 
+def packing_budgets(config: RLJobConfig) -> dict[str, str]:
+    """The phases that run megatron micro-batches in this job -> the prefix of their
+    ``rl_config.<prefix>max_packing_token_size`` ("" = the base budget only): the actor's
+    update (and the critic's), the old log-prob forward when it runs, the reference forward
+    when there is a reference model, the critic's values and the reward model."""
+    rl, mt = config.rl_config, config.megatron_training
+    optimizer_steps = mt.global_batch_size // rl.mini_batch_size * rl.epochs
+    phases = {names.UPDATE: "update_"}
+    # the needs of mindspeed_rl.trainer.recipes' phases (the trainer is a layer above)
+    if optimizer_steps > 1 or (rl.use_kl_in_reward and rl.init_kl_coef != 0):
+        phases[names.OLD_LOG_P] = "actor_"
+    if rl.init_kl_coef != 0:
+        phases[names.REFERENCE_MODEL] = "ref_"
+    if config.critic_config is not None:
+        phases[names.CRITIC_UPDATE] = "update_"
+        phases[names.VALUES] = ""
+    if config.reward_config is not None:
+        phases[names.REWARD_MODEL] = ""
+    return phases
+
+
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0)
 
@@ -333,12 +355,19 @@ def check_data_files(config: RLJobConfig) -> None:
     """The data files exist and the output folders are writable (not needed, and not
     checked, by the dry-run)."""
     mt = config.megatron_training
+    _require(mt.tokenizer_name_or_path is not None, "megatron_training.tokenizer_name_or_path",
+             None, "not set, and the model names no tokenizer", "set it to the HF directory "
+             "holding the tokenizer files")
     for key, value in (("megatron_training.data_path", mt.data_path),
                        ("megatron_training.test_data_path", mt.test_data_path)):
         if value is not None and not Path(value).exists() and not _indexed_prefix(value):
             raise ConfigError(key, "no such file, directory or indexed-dataset prefix",
                               "check the path (relative paths resolve against the current "
                               f"working directory, {os.getcwd()})", value=value)
+    expert_map = config.generate_config.expert_map_path
+    _require(expert_map is None or Path(expert_map).is_file(), "generate_config.expert_map_path",
+             expert_map, "no such file", "check the path (relative paths resolve against the "
+             f"current working directory, {os.getcwd()})")
     if config.rl_config.multi_turn_enable and mt.prompt_type is None:
         _require(_indexed_prefix(mt.data_path), "megatron_training.prompt_type", None,
                  f"multi_turn_enable with the raw prompts of {mt.data_path}: the tokenizer's "
@@ -477,6 +506,10 @@ def _check_generation_features(config: RLJobConfig) -> None:
              "enable it, or set infer_expert_parallel_size: 1")
     _require(not g.enable_expert_parallel or m.is_moe, "generate_config.enable_expert_parallel",
              True, f"the model ({m.model_type}) has no experts", "set it to false")
+    _require(g.expert_map_path is None or g.enable_expert_parallel,
+             "generate_config.expert_map_path", g.expert_map_path, "places experts on vLLM's "
+             "expert-parallel ranks, but generate_config.enable_expert_parallel is false",
+             "set enable_expert_parallel: true (a MoE model), or remove expert_map_path")
 
 
 def _check_partial_rollout(config: RLJobConfig) -> None:

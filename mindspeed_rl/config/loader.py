@@ -61,6 +61,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
         raise ValueError(f"algorithm {algorithm!r} is not one of {sorted(ALGORITHM_ESTIMATORS)}")
     present = {name for name in raw if name in OPTIONAL_SECTIONS}  # written, even if empty
     normalised = normalise(raw, config_path.name, algorithm)
+    present -= normalised.dropped_sections
     raw = normalised.sections
 
     overridden = apply_overrides(raw, overrides)
@@ -71,15 +72,19 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
                        if name not in OPTIONAL_SECTIONS or name in present else None)
                 for name, cls in SECTIONS.items()}
 
-    model = _with_model(sections, raw, normalised, config_path, overridden, elsewhere)
-    sections["rl_config"] = _resolved_rl(sections, algorithm, config_path)
-    notices = list(normalised.notices) + _gspo_notice(sections["rl_config"])
+    notices = list(normalised.notices)
+    model = _with_model(sections, raw, normalised, config_path, overridden, elsewhere, notices,
+                        need_tokenizer=check_data)
+    warnings: list[str] = []
+    sections["rl_config"] = _resolved_rl(sections, algorithm, config_path, warnings)
+    notices += _gspo_notice(sections["rl_config"]) + _npu_only_notices(sections)
+    warnings += _prompt_cut_warning(sections)
     for name in OPTIONAL_SECTIONS:
         if sections[name] is not None:
             sections[name] = _resolve_paths(sections[name])
 
     config = RLJobConfig(**sections, model=model, config_path=str(config_path),
-                         algorithm=algorithm, notices=tuple(notices))
+                         algorithm=algorithm, notices=tuple(notices), warnings=tuple(warnings))
     check_job(config)
     if check_data:
         check_data_files(config)
@@ -87,12 +92,14 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
 
 
 def _with_model(sections: dict, raw: dict, normalised, config_path: Path, overridden,
-                elsewhere) -> ModelSpec:
+                elsewhere, notices: list[str], need_tokenizer: bool) -> ModelSpec:
     """Read the model (config.json or model yaml): its training keys fill the sections
-    where the file left them out; the model path and tokenizer resolve. Returns the model."""
+    where the file left them out, architecture keys of the job are checked against it; the
+    model path and tokenizer resolve. Returns the model."""
     megatron = sections["megatron_training"]
     model_path, is_hf_dir = resolve_model_source(megatron.model, config_path.parent)
-    model = read_model_spec(model_path, is_hf_dir)
+    model = read_model_spec(model_path, is_hf_dir, job_architecture=normalised.architecture,
+                            notices=notices)
     for dotted, value in model.job_settings:   # training keys of a MindSpeed-RL model yaml
         section, key = dotted.split(".")
         if key not in raw[section]:
@@ -104,28 +111,44 @@ def _with_model(sections: dict, raw: dict, normalised, config_path: Path, overri
         raise ConfigError("actor_config.num_layers", f"the model ({model_path.name}) has "
                           f"{model.num_hidden_layers} layers", "remove num_layers, or list the "
                           "padding layers in noop_layers", value=declared)
+    megatron = sections["megatron_training"]   # with the model yaml's training keys
     tokenizer = megatron.tokenizer_name_or_path
     if tokenizer is None:
         tokenizer = str(model_path) if is_hf_dir else model.tokenizer_name_or_path
     if tokenizer is None:
-        raise ConfigError("megatron_training.tokenizer_name_or_path", "not set, and the model "
-                          f"yaml {model_path.name} names no tokenizer_name_or_path",
-                          "set it to the HF directory holding the tokenizer files")
+        missing = ConfigError("megatron_training.tokenizer_name_or_path", "not set, and the "
+                              f"model yaml {model_path.name} names no tokenizer_name_or_path",
+                              "set it to the HF directory holding the tokenizer files")
+        if need_tokenizer:
+            raise missing
+        # MindSpeed-RL's early configs ship it blank for the user to fill in; the dry run
+        # reads no tokenizer, a run does (check_data_files refuses it then).
+        notices.append(f"{missing.key}: not set: the dry run reads no tokenizer, a run needs "
+                       "one (set it to the HF directory holding the tokenizer files)")
     sections["megatron_training"] = dataclasses.replace(
         _resolve_paths(megatron), model=str(model_path),
-        tokenizer_name_or_path=_resolve_tokenizer(tokenizer))
+        tokenizer_name_or_path=_resolve_tokenizer(tokenizer) if tokenizer else None)
     sections["actor_config"] = _resolve_paths(sections["actor_config"])
     sections["ref_config"] = _resolve_paths(sections["ref_config"])
+    sections["generate_config"] = _resolve_paths(sections["generate_config"])
     return model
 
 
-def _resolved_rl(sections: dict, algorithm: str, config_path: Path):
+def _resolved_rl(sections: dict, algorithm: str, config_path: Path, warnings: list[str]):
     """rl_config with the defaults that depend on other keys: the mini-batch (the global
     batch) and the advantage estimator (the launcher's algorithm)."""
     rl = sections["rl_config"]
+    gbs = sections["megatron_training"].global_batch_size
     if rl.mini_batch_size is None:
-        rl = dataclasses.replace(rl, mini_batch_size=sections["megatron_training"]
-                                 .global_batch_size)
+        rl = dataclasses.replace(rl, mini_batch_size=gbs)
+    elif rl.mini_batch_size > gbs > 0:
+        # MindSpeed-RL splits each data-parallel rank's share into mini-batches of
+        # mini_batch_size: a larger one leaves the whole batch as one mini-batch.
+        warnings.append(f"rl_config.mini_batch_size={rl.mini_batch_size} is larger than "
+                        f"megatron_training.global_batch_size={gbs}: one mini-batch of all "
+                        f"{gbs} prompts (one optimizer step per epoch), as MindSpeed-RL runs it; "
+                        f"set mini_batch_size: {gbs} to say so")
+        rl = dataclasses.replace(rl, mini_batch_size=gbs)
     estimator = ALGORITHM_ESTIMATORS[algorithm]
     if rl.adv_estimator is None:
         rl = dataclasses.replace(rl, adv_estimator=estimator)
@@ -137,6 +160,28 @@ def _resolved_rl(sections: dict, algorithm: str, config_path: Path):
                           f"adv_estimator: {estimator} (or leave it out)",
                           value=rl.adv_estimator, origin=str(config_path))
     return rl
+
+
+def _prompt_cut_warning(sections: dict) -> list[str]:
+    """MindSpeed-RL reads prompts cut to seq_length tokens (after dropping those longer than
+    max_prompt_length); a seq_length below max_prompt_length cuts the longer ones."""
+    seq, prompt = sections["megatron_training"].seq_length, sections["rl_config"].max_prompt_length
+    if not 0 < seq < prompt:
+        return []
+    return [f"megatron_training.seq_length={seq} is shorter than rl_config.max_prompt_length="
+            f"{prompt}: prompts longer than {seq} tokens are cut to their first {seq} tokens "
+            f"(those longer than {prompt} dropped first), as MindSpeed-RL reads its prompt data; "
+            f"raise seq_length to {prompt} to keep whole prompts"]
+
+
+def _npu_only_notices(sections: dict) -> list[str]:
+    """Keys vLLM honours on one platform only: what they do, said once (with the plan)."""
+    path = sections["generate_config"].expert_map_path
+    if path is None:
+        return []
+    return [f"generate_config.expert_map_path={path}: vllm-ascend's expert map (EPLB), NPU "
+            "only: passed to vLLM on NPU; vLLM on CUDA and CPU has no expert map and keeps its "
+            "own expert placement (the same tokens are generated)"]
 
 
 def _gspo_notice(rl) -> list[str]:

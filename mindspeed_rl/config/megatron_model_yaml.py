@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
-from mindspeed_rl.config.mindspeed_keys import typo_hint
+from mindspeed_rl.config.mindspeed_keys import (HONOURED, MEGATRON, NOT_APPLICABLE,
+                                                not_applicable_error, row, typo_hint)
 
 # Megatron name -> HF config.json name (same value).
 _RENAMED = {
@@ -28,7 +29,10 @@ _RENAMED = {
     "max_position_embeddings": "max_position_embeddings", "rotary_base": "rope_theta",
     "norm_epsilon": "rms_norm_eps", "num_experts": "num_experts",
     "moe_ffn_hidden_size": "moe_intermediate_size", "moe_router_topk": "num_experts_per_tok",
+    # the experts' hidden size under its older name (MindSpeed-RL 2.0.0 to 2.2.0)
+    "moe_intermediate_size": "moe_intermediate_size",
 }
+MEGATRON_TO_HF = _RENAMED
 # Keys whose value must be this (or absent): the architectures built here.
 _REQUIRED = {
     "position_embedding_type": ("rope",), "normalization": ("RMSNorm",), "swiglu": (True,),
@@ -43,7 +47,12 @@ _REQUIRED = {
         "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
         "rope_scaling_factor", "low_freq_factor", "high_freq_factor",
         "original_max_position_embeddings", "beta_fast", "beta_slow", "rope_scaling_mscale",
-        "rope_scaling_mscale_all_dim", "rope_scaling_original_max_position_embeddings")},
+        "rope_scaling_mscale_all_dim", "rope_scaling_original_max_position_embeddings",
+        # DeepSeek-V3's names in MindSpeed-RL 2.0.0 to 2.2.0
+        "n_group", "topk_group", "routed_scaling_factor",
+        "qk_nope_head_dim", "qk_rope_head_dim", "rope_scaling_beta_fast",
+        "rope_scaling_beta_slow")},
+    "multi_head_latent_attention": (False, None),
 }
 # Kernel and implementation choices with no effect on the function computed.
 _IGNORED = frozenset({
@@ -53,7 +62,8 @@ _IGNORED = frozenset({
     "norm_topk_prob", "seq_aux", "moe_router_num_groups", "moe_router_group_topk",
     "moe_router_topk_scaling_factor", "group_query_attention",
 })
-# Training settings a model yaml may carry: they become these job keys unless the job sets them.
+# Training settings a model yaml may carry: they become these job keys unless the job sets them
+# (so does any other key the job sections honour, as MindSpeed-RL merges the two).
 TRAINING_SETTINGS = {"moe_aux_loss_coeff": "actor_config.moe_aux_loss_coeff"}
 _OTHER = {"num_query_groups", "untie_embeddings_and_output_weights", "add_qkv_bias",
           "attention_bias", "qk_layernorm"}
@@ -90,6 +100,18 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
             settings[TRAINING_SETTINGS[key]] = value
         elif key in _IGNORED or key in _OTHER:
             continue
+        elif row(MEGATRON, key) is not None:
+            # MindSpeed-RL merges the model yaml into the job's Megatron settings (the job's
+            # sections win), so any Megatron key may sit here.
+            r = row(MEGATRON, key)
+            if r.handling == HONOURED:
+                settings[r.detail] = value
+            elif r.handling != NOT_APPLICABLE:
+                problems.append(ConfigError(dotted, f"a job key in a model yaml (in {where})",
+                                            "write it in the job's megatron_training",
+                                            value=value))
+            elif not r.accepts(value):
+                problems.append(not_applicable_error(dotted, value, r))
         else:
             candidates = list(_RENAMED) + list(_REQUIRED) + list(_IGNORED) + list(_OTHER) + list(
                 TRAINING_SETTINGS)

@@ -14,6 +14,10 @@ A MindSpeed-RL GRPO config (``defaults:`` + ``megatron_training`` / ``actor_conf
   run computes and this project cannot do it (context parallelism, a PPO critic, DAPO's
   dynamic sampling...), that value is an error; the row says which values are harmless.
 
+Keys that only older MindSpeed-RL versions had (its configs of March to May 2025 and the
+keys its config classes dropped since) are rows too, with ``history`` saying which
+versions read them, so a user's old file loads or is refused by name with its version.
+
 ``ROWS`` is the table. A later feature is one row flipped: e.g. when PPO lands,
 ``gamma`` moves from not-applicable to an honoured schema key. ``normalise`` applies the
 table to a parsed YAML file and reports every problem of the file at once.
@@ -77,11 +81,32 @@ class KeyRow:
     detail: str                    # honoured: the dotted key; otherwise the reason / rewrite
     accepts: Callable[[Any], bool] = _any   # not applicable: values that change nothing
     needs: str = ""                # what an accepted value looks like (for the error)
+    history: str = ""              # an older key: the MindSpeed-RL versions that read it
 
 
 def _na(family: str, names: str, reason: str, accepts: Callable[[Any], bool] = _any,
-        needs: str = "") -> list[KeyRow]:
-    return [KeyRow(family, n, NOT_APPLICABLE, reason, accepts, needs) for n in names.split()]
+        needs: str = "", history: str = "") -> list[KeyRow]:
+    return [KeyRow(family, n, NOT_APPLICABLE, reason, accepts, needs, history)
+            for n in names.split()]
+
+
+def _old(family: str, names: str, history: str, handling: str, reason: str,
+         accepts: Callable[[Any], bool] = _any, needs: str = "") -> list[KeyRow]:
+    """Keys of older MindSpeed-RL versions only (``history``: which ones)."""
+    return [KeyRow(family, n, handling, reason, accepts, needs, history) for n in names.split()]
+
+
+# The versions of MindSpeed-RL's keys that its config classes no longer have (read from its
+# history: the commits that added and removed each key; 2.0.0 is its first release branch,
+# 2025-05-30). Dates are of its master branch.
+_MARCH_2025 = "MindSpeed-RL master 2025-03-11 to 2025-03-27, before release 2.0.0"
+_EXPERIENCE_COUNT = "MindSpeed-RL master 2025-03-26 to 2025-05-15, before release 2.0.0"
+_GEN_MBS = "MindSpeed-RL master 2025-03-20 to 2025-03-26, before release 2.0.0"
+_UPDATE_MBS = "MindSpeed-RL master 2025-05-07 to 2025-05-21, before release 2.0.0"
+# MindSpeed-RL's March 2025 configs carried these, but no version of its config classes
+# had them: its classes then ignored keys they did not know (until 2025-06-19).
+_NEVER_READ = ("in MindSpeed-RL's configs of March 2025, but never a key of its config "
+               "classes (they ignored unknown keys until 2025-06-19)")
 
 
 def _same(family: str, names: str, section: str) -> list[KeyRow]:
@@ -216,11 +241,14 @@ ROWS: list[KeyRow] = [
            "use_wandb wandb_project gamma lam cliprange_value advantage_whiten use_kl_in_reward "
            "kl_ctrl_type kl_horizon kl_target filter_groups_enable filter_groups_metric",
            "rl_config"),
-    *_na(RL, "rule_reward", "rewards are the rule verifiers of verifier_function, plus the "
-         "reward model of reward_config when it is set", _one_of(True),
-         "true (for a reward model alone, leave verifier_function empty)"),
-    *_na(RL, "use_integrated_worker", "every role is co-located on every rank (what "
-         "MindSpeed-RL calls the integrated worker)", _one_of(True), "true"),
+    KeyRow(RL, "rule_reward", TRANSLATED, "true: the rule verifiers of verifier_function "
+           "score the responses (with reward_config's reward model when there is one); false: "
+           "no rule verifiers (verifier_function is not read), the reward model alone"),
+    KeyRow(RL, "use_integrated_worker", TRANSLATED, "true (the integrated worker): every role "
+           "on every rank, as here; false or absent next to actor_resource: MindSpeed-RL's "
+           "separate-worker format, whose reference and reward model have NPUs and layouts of "
+           "their own (ref_config, reward_config with reference_resource, reward_resource); "
+           "here they run co-located on the actor's ranks, in the actor's layout"),
     *_na(RL, "guarantee_order blocking num_cpus_for_local_task num_cpus_for_placement_group "
          "hccl_buffersize runtime_env_path zmq_communication data_strategy "
          "transfer_queue_data_shard_num transfer_queue_data_shard_port_base actor_resource "
@@ -278,7 +306,7 @@ ROWS: list[KeyRow] = [
     *_same(GENERATE, "infer_tensor_parallel_size infer_expert_parallel_size max_num_seqs "
            "max_model_len max_num_batched_tokens dtype gpu_memory_utilization enforce_eager "
            "offload_train_optimizer offload_train_grad offload_train_param "
-           "enable_prefix_caching enable_expert_parallel", "generate_config"),
+           "enable_prefix_caching enable_expert_parallel expert_map_path", "generate_config"),
     *_na(GENERATE, "infer_pipeline_parallel_size", "vLLM runs without pipeline parallelism "
          "(MindSpeed-RL does not support it either)", _at_most_one, "1"),
     *_na(GENERATE, "trust_remote_code", "the supported architectures are built into vLLM and "
@@ -290,15 +318,80 @@ ROWS: list[KeyRow] = [
          "infer_tensor_parallel_size"),
     *_na(GENERATE, "tokenizer_name_or_path", "vLLM uses megatron_training.tokenizer_name_or_path "
          "and the model's config.json"),
-    *_na(GENERATE, "limit_mm_image_per_prompt limit_mm_video_per_prompt eplb_token_save_path",
-         "multimodal / expert-load-balancing settings (switched off)"),
-    *_na(GENERATE, "eplb_token_collects expert_map_path", "expert-load balancing (EPLB) is not "
-         "implemented here", _off, "false / null"),
+    *_na(GENERATE, "limit_mm_image_per_prompt limit_mm_video_per_prompt",
+         "multimodal settings (switched off)"),
+    *_na(GENERATE, "eplb_token_collects eplb_token_save_path", "EPLB statistics (NPU only): "
+         "MindSpeed-RL's own patch of vllm-ascend's MoE layer writes each expert's token "
+         "counts to eplb_token_save_path, the input of its expert-map generator; vLLM does not "
+         "collect them, so no files are written here (an expert map made elsewhere is read "
+         "from generate_config.expert_map_path)"),
 
     # ---- generate_config.sampling_config ----------------------------------------------------
     *_same(SAMPLING, "temperature top_p top_k min_p max_tokens seed logprobs",
            "generate_config.sampling_config"),
     *_na(SAMPLING, "detokenize", "responses are decoded for the verifiers in any case"),
+
+    # ---- keys of older MindSpeed-RL versions ------------------------------------------------
+    *_old(RL, "colocate_actor_ref colocate_all_models", _MARCH_2025, NOT_APPLICABLE,
+          "whether MindSpeed-RL put roles on the same NPUs; here every role is co-located on "
+          "every rank. It also dates the file: rl_config.mini_batch_size counted responses "
+          "then, and is read so"),
+    *_old(RL, "experience_count experience_count_actor experience_count_ref "
+          "experience_count_reward experience_count_rule_reward", _EXPERIENCE_COUNT,
+          TRANSLATED, "prompts per TransferDock fetch (today's *_dispatch_size, not "
+          "applicable here: each get takes a data-parallel rank's whole share); it also dates "
+          "the file: rl_config.mini_batch_size counted responses then, and is read so"),
+    *_old(GENERATE, "micro_batch_size", _GEN_MBS, TRANSLATED,
+          "prompts per rollout fetch from the TransferDock (today's actor_rollout_dispatch_size, "
+          "not applicable here); it also dates the file: rl_config.mini_batch_size counted "
+          "responses then, and is read so"),
+    *_old(RL, "update_micro_batch_size", _UPDATE_MBS, TRANSLATED,
+          "the integrated worker's update micro-batch (responses) -> "
+          "actor_config.micro_batch_size; actor_config.micro_batch_size then sized the "
+          "log-prob forwards -> rl_config.actor_forward_micro_batch_size and "
+          "ref_forward_micro_batch_size (unless set)"),
+    *_old(RL, "shuffle_minibatch", "MindSpeed-RL master 2025-06-19 to 2025-06-20 (its "
+          "March 2025 configs carried it unread)", NOT_APPLICABLE,
+          "shuffle_mini_batch's name for one day: mini-batches are taken in rollout order here",
+          _off, "false"),
+    *_old(RL, "td_status_log", "MindSpeed-RL 2.1.0 (2025-07-14 to 2025-08-04)", NOT_APPLICABLE,
+          _LOGGING),
+    *_old(RL, "enable_sharding_validate", "MindSpeed-RL 2.0.0 to 2.1.0 (removed 2025-09-11)",
+          NOT_APPLICABLE, "a debugging check of the resharded weights; the allgather-swap "
+          "flow is tested on its own here"),
+    *_old(RL, "kl_coef", _NEVER_READ, NOT_APPLICABLE,
+          "not read by MindSpeed-RL either: the KL coefficient is rl_config.init_kl_coef"),
+    *_old(RL, "missing_eos_penalty", _NEVER_READ, NOT_APPLICABLE,
+          "not read by MindSpeed-RL either: a response without EOS is scored by the verifiers "
+          "as it is"),
+    *_na(RL, "critic_update_dispatch_size critic_value_dispatch_size", _DISPATCH),
+    *_old(GENERATE, "chunked_prefill_for_mla", "MindSpeed-RL master 2025-09-04 to 2025-09-05",
+          NOT_APPLICABLE, "a vllm-ascend option of multi-latent attention (DeepSeek-V3), which "
+          "is not built here"),
+    *_old(GENERATE, "infer_prefill_context_parallel_size infer_decode_context_parallel_size",
+          "MindSpeed-RL master 2026-01-15 (reverted the same day)", NOT_APPLICABLE,
+          "vLLM context parallelism is not used here", _at_most_one, "1"),
+    *_old(MEGATRON, "cp_attention_mask_type", "MindSpeed-RL 2.2.0 (2025-06-30 to 2025-10-16)",
+          NOT_APPLICABLE, "a context-parallel setting (context_parallel_size is 1)"),
+    *_old(MEGATRON, "use_mc2", _MARCH_2025, NOT_APPLICABLE, _KERNEL),
+    *_old(MEGATRON, "use_deter_comp", "MindSpeed-RL 2.0.0 to 2.2.0 (2025-03-27 to "
+          "2025-10-16)", NOT_APPLICABLE, _KERNEL),
+    *_old(MEGATRON, "variable_seq_length", "MindSpeed-RL 2.3.0 (2025-12-18 to 2026-03-22)",
+          NOT_APPLICABLE, _PACKING),
+    *_old(MEGATRON, "wandb_project wandb_exp_name wandb_save_dir", "MindSpeed-RL master "
+          "2025-08-25 to 2025-08-29 (rl_config holds them)", NOT_APPLICABLE, _LOGGING),
+    *_old(MEGATRON, "moe_intermediate_size", "MindSpeed-RL 2.0.0 to 2.2.0 (2025-03-26 to "
+          "2025-10-16)", NOT_APPLICABLE, "the experts' hidden size under its older name "
+          "(moe_ffn_hidden_size): " + _MODEL_YAML, _off,
+          "absent here (the model yaml or the HF config.json holds the architecture)"),
+    *_old(MEGATRON, "multi_head_latent_attention n_group qk_nope_head_dim "
+          "qk_rope_head_dim rope_scaling_beta_fast rope_scaling_beta_slow routed_scaling_factor "
+          "topk_group", "MindSpeed-RL 2.0.0 to 2.2.0 (2025-03-26 to 2025-10-16)",
+          NOT_APPLICABLE, "a DeepSeek-V3 architecture key (multi-latent attention, grouped "
+          "routing), not built here", _off, "absent"),
+    *_na(MEGATRON, "no_check_for_nan_in_loss_and_grad", "Megatron's NaN check of the loss "
+         "and gradients; here a non-finite loss or gradient always skips the step "
+         "(rl_config.max_consecutive_skipped_steps)"),
 ]
 
 _BY_KEY = {(r.family, r.name): r for r in ROWS}
@@ -331,10 +424,18 @@ def typo_hint(name: str, candidates, prefix: str = "") -> str | None:
     return f"did you mean {prefix}{matches[0]}?" if matches else None
 
 
+def _older(r: KeyRow) -> str:
+    if not r.history:
+        return ""
+    if r.history.startswith("MindSpeed-RL"):
+        return f" (an older MindSpeed-RL key: {r.history})"
+    return f" ({r.history})"
+
+
 def not_applicable_error(dotted: str, value: Any, r: KeyRow) -> ConfigError:
-    return ConfigError(dotted, f"cannot be honoured here: {r.detail}", f"accepted: {r.needs}; "
-                       "or remove the key", value=value)
+    return ConfigError(dotted, f"cannot be honoured here{_older(r)}: {r.detail}",
+                       f"accepted: {r.needs}; or remove the key", value=value)
 
 
 def notice_line(dotted: str, value: Any, r: KeyRow) -> str:
-    return f"{dotted}={show_value(value)}: {r.detail}"
+    return f"{dotted}={show_value(value)}{_older(r)}: {r.detail}"

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindspeed_rl.config.errors import ConfigError
-from mindspeed_rl.config.megatron_model_yaml import is_megatron_model_yaml, translate_megatron_model
+from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
+from mindspeed_rl.config.megatron_model_yaml import (MEGATRON_TO_HF, is_megatron_model_yaml,
+                                                     translate_megatron_model)
 from mindspeed_rl.config.typed_sections import build_section
 from mindspeed_rl.config.yaml_source import read_yaml_file
 
@@ -175,8 +176,16 @@ def resolve_model_source(value: str, config_dir: Path) -> tuple[Path, bool]:
                       "file", fix, value=value)
 
 
-def read_model_spec(path: Path, is_hf_dir: bool) -> ModelSpec:
-    """Read the architecture fields from ``<hf_dir>/config.json`` or a model yaml."""
+def read_model_spec(path: Path, is_hf_dir: bool, *,
+                    job_architecture: dict[str, tuple[str, Any]] | None = None,
+                    notices: list[str] | None = None) -> ModelSpec:
+    """Read the architecture fields from ``<hf_dir>/config.json`` or a model yaml.
+
+    ``job_architecture``: Megatron architecture keys the job's sections write (Megatron
+    name -> (dotted key, value)). MindSpeed-RL merges them over its model yaml; here the
+    model's file is the one source (vLLM reads config.json too), so a value it states must
+    agree and one it leaves out is filled in; a line for each goes to ``notices``.
+    """
     if is_hf_dir:
         config_json = path / "config.json"
         if not config_json.is_file():
@@ -189,6 +198,8 @@ def read_model_spec(path: Path, is_hf_dir: bool) -> ModelSpec:
         except (OSError, ValueError) as e:
             raise ConfigError(MODEL_KEY, f"cannot read {config_json}: {e}",
                               "restore the file from the model's release", value=str(path)) from None
+        _merge_job_architecture(raw, job_architecture, config_json, notices, hf_names=True,
+                                fill=False)
         # config.json is the HF library's file: many keys (token ids, dtypes...) are none of
         # our business, so unknown keys are ignored here (never in a model yaml).
         return build_section(ModelSpec, raw, "model", ignore_unknown=True,
@@ -196,9 +207,41 @@ def read_model_spec(path: Path, is_hf_dir: bool) -> ModelSpec:
                              given={"source": str(config_json), "hf_dir": str(path)})
     raw = read_yaml_file(path, MODEL_KEY)
     if is_megatron_model_yaml(raw):
+        _merge_job_architecture(next(iter(raw.values())), job_architecture, path, notices,
+                                hf_names=False, fill=True)
         hf, settings = translate_megatron_model(raw, str(path))
         return build_section(ModelSpec, hf, "model", source=f"in {path}",
                              given={"source": str(path), "hf_dir": None,
                                     "job_settings": tuple(settings.items())})
+    if isinstance(raw, dict):
+        _merge_job_architecture(raw, job_architecture, path, notices, hf_names=True, fill=True)
     return build_section(ModelSpec, raw, "model", allowed_extra=_HF_KEYS_NOT_NEEDED,
                          source=f"in {path}", given={"source": str(path), "hf_dir": None})
+
+
+def _merge_job_architecture(body: dict, job: dict[str, tuple[str, Any]] | None, where: Path,
+                            notices: list[str] | None, *, hf_names: bool, fill: bool) -> None:
+    """The job's architecture keys against the model's file ``body`` (see read_model_spec).
+    ``fill``: a key the file leaves out takes the job's value (a model yaml, which is read
+    only here); config.json is read again by the run, so there it must state the value."""
+    problems = []
+    for name, (dotted, value) in (job or {}).items():
+        key = MEGATRON_TO_HF[name] if hf_names else name
+        if key in body and body[key] == value:
+            line = f"{dotted}={show_value(value)}: the model's {key} (in {where.name}) is the same"
+        elif key not in body and fill:
+            body[key] = value
+            line = (f"{dotted}={show_value(value)}: translated to the model's {key}, which "
+                    f"{where.name} leaves out (MindSpeed-RL merges the job's Megatron keys over "
+                    "the model yaml)")
+        else:
+            stated = (f"is {show_value(body[key])}" if key in body else "does not state it")
+            problems.append(ConfigError(dotted, f"the model's {key} {stated} (in {where}): the "
+                                        "architecture has one source here, the model's file, "
+                                        "which vLLM reads too", f"remove the key, or set {key} "
+                                        "in the model's file", value=value))
+            continue
+        if notices is not None:
+            notices.append(line)
+    if problems:
+        raise ConfigErrors(problems, str(where))

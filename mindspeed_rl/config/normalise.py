@@ -10,15 +10,18 @@ and raised as one `ConfigErrors`, so a user fixes a file in one pass.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
-from mindspeed_rl.config.mindspeed_keys import (FAMILY_SECTIONS, HONOURED, MEGATRON,
-                                                NOT_APPLICABLE, SAMPLING, TOP, TRANSLATED,
-                                                family_of, known_names, not_applicable_error,
-                                                notice_line, row, typo_hint)
-from mindspeed_rl.config.schema import SECTIONS, SamplingConfig
+from mindspeed_rl.config.megatron_model_yaml import MEGATRON_TO_HF
+from mindspeed_rl.config.mindspeed_keys import (FAMILY_SECTIONS, GENERATE, HONOURED, MEGATRON,
+                                                NOT_APPLICABLE, RL, SAMPLING, TOP, TRANSLATED,
+                                                family_of, known_names,
+                                                not_applicable_error, notice_line, row,
+                                                typo_hint)
+from mindspeed_rl.config.schema import SECTIONS, RLConfig, SamplingConfig
 
 _MEGATRON_SCHEMA_SECTIONS = ("megatron_training", "actor_config")
 
@@ -32,6 +35,19 @@ class Normalised:
     defaults_models: list[str] = field(default_factory=list)
     # megatron num_layers written without noop_layers: must equal the model's layers
     declared_num_layers: int | None = None
+    # MindSpeed-RL's separate-worker format (reference and reward model on NPUs of their own)
+    separate_workers: bool = False
+    # optional sections the file writes but MindSpeed-RL would not build (left out here)
+    dropped_sections: set[str] = field(default_factory=set)
+    # architecture keys written in a job section (MindSpeed-RL merges them over the model
+    # yaml): Megatron name -> (dotted key, value), checked against the model by the loader
+    architecture: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # ref_config keys of the separate-worker format: key -> value
+    reference_layout: dict[str, Any] = field(default_factory=dict)
+    # keys only MindSpeed-RL before 2025-05-15 had: the file counts mini_batch_size in
+    # responses, as MindSpeed-RL did then
+    dated_by: list[str] = field(default_factory=list)
+    written: dict[str, Any] = field(default_factory=dict)   # the file as parsed
 
 
 def _fields(section: str) -> set[str]:
@@ -41,6 +57,14 @@ def _fields(section: str) -> set[str]:
 
 _STAGES = {"ray_grpo": "grpo", "ray_dapo": "grpo", "ray_ppo": "ppo"}
 _LAUNCHER = {"grpo": "pretrain_grpo.py", "ppo": "pretrain_ppo.py"}
+
+# Keys only MindSpeed-RL before 2025-05-15 had; rl_config.mini_batch_size counted responses
+# until then (prompts since): a file holding one of them is read in those units.
+_RESPONSES_ERA = {(RL, "experience_count"), (RL, "experience_count_actor"),
+                  (RL, "experience_count_ref"), (RL, "experience_count_reward"),
+                  (RL, "experience_count_rule_reward"), (RL, "colocate_actor_ref"),
+                  (RL, "colocate_all_models"), (GENERATE, "micro_batch_size")}
+_RESOURCES = ("actor_resource", "reference_resource", "reward_resource")
 
 
 def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
@@ -52,6 +76,8 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
     out = Normalised({name: {} for name in SECTIONS})
     problems: list[ConfigError] = []
     translated: dict[str, tuple[str, Any]] = {}   # key -> (dotted where written, value)
+    out.written = raw
+    out.separate_workers = _separate_workers(raw.get("rl_config"), problems)
 
     for name, value in raw.items():
         if name in SECTIONS:
@@ -79,6 +105,14 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
                                         f"{type(body).__name__}", f"write '{section}:' followed "
                                         "by indented key: value lines", value=body))
             continue
+        if section == "reward_config" and out.separate_workers and not _has(
+                raw.get("rl_config"), "reward_resource"):
+            # MindSpeed-RL builds a reward-model worker only with reward_resource.
+            out.dropped_sections.add(section)
+            out.notices.append("reward_config: not read: without rl_config.reward_resource "
+                               "MindSpeed-RL's separate-worker format builds no reward model "
+                               "from it")
+            continue
         for key, value in body.items():
             if section == "generate_config" and key == "sampling_config" and isinstance(
                     value, dict):
@@ -101,6 +135,8 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
                                         f"{_LAUNCHER[algorithm]} runs {algorithm.upper()}",
                                         f"launch {_LAUNCHER[wanted]} for {stage[1]}",
                                         value=stage[1]))
+        elif stage[1] == "ray_dapo":
+            _dapo_without_reference(out, stage)
         else:
             out.notices.append(f"{stage[0]}={show_value(stage[1])}: the launcher "
                                f"{_LAUNCHER[algorithm]} runs it")
@@ -115,33 +151,62 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
     return out
 
 
+def _separate_workers(rl: Any, problems: list) -> bool:
+    """MindSpeed-RL's separate-worker format: ``use_integrated_worker`` false, or left out
+    next to its resource keys (its default was false)."""
+    if not isinstance(rl, dict):
+        return False
+    integrated = rl.get("use_integrated_worker")
+    if integrated is not None and not isinstance(integrated, bool):
+        problems.append(ConfigError("rl_config.use_integrated_worker", "expected true or false",
+                                    "e.g. use_integrated_worker: true", value=integrated))
+        return False
+    return integrated is False or (integrated is None and any(_has(rl, k) for k in _RESOURCES))
+
+
+def _has(section: Any, key: str) -> bool:
+    return isinstance(section, dict) and section.get(key) is not None
+
+
+def _dapo_without_reference(out: Normalised, stage: tuple[str, Any]) -> None:
+    """MindSpeed-RL's DAPO trainer builds no reference model: no KL term."""
+    rl = out.sections["rl_config"]
+    kl = rl.get("init_kl_coef")
+    if kl not in (None, 0):
+        out.notices.append(f"rl_config.init_kl_coef={show_value(kl)}: not read: MindSpeed-RL's "
+                           f"DAPO ({stage[0]}='ray_dapo') has no reference model")
+    rl["init_kl_coef"] = 0.0
+    out.notices.append(f"{stage[0]}='ray_dapo': the launcher pretrain_grpo.py runs it, without "
+                       "a reference model (rl_config.init_kl_coef=0), as MindSpeed-RL's DAPO")
+
+
 def _place(out: Normalised, problems: list, translated: dict, section: str, key: str,
            value: Any, target: dict) -> None:
     dotted = f"{section}.{key}"
     family = family_of(section)
     if section == "ref_config":
-        if key == "load":
-            target[key] = value
-        elif key == "model":
-            model = out.sections["megatron_training"].get("model")
-            if model is not None and model != value:
-                problems.append(ConfigError(dotted, f"differs from megatron_training.model="
-                                            f"{show_value(model)}", "the reference is the "
-                                            "starting policy: remove the key", value=value))
-        elif family and (row(family, key) or key in _fields("megatron_training")
-                         or key in _fields("actor_config")):
-            problems.append(ConfigError(dotted, "the reference model runs in the actor's layout "
-                                        "and settings here (MindSpeed-RL's integrated worker); "
-                                        "only ref_config.load is read", "remove the key",
-                                        value=value))
-        else:
-            problems.append(_unknown(dotted, key, section, family))
+        _place_reference_key(out, problems, key, value, target)
+        return
+    if section == "reward_config" and out.separate_workers and key in _LAYOUT:
+        # the reward model's own NPUs and layout in MindSpeed-RL: co-located here
+        out.notices.append(f"{dotted}={show_value(value)}: the reward model's layout on NPUs "
+                           "of its own (MindSpeed-RL's separate workers, rl_config."
+                           "reward_resource); here it runs on the actor's ranks in the actor's "
+                           "layout, which computes the same scores")
         return
     if key in _fields(section):
         target[key] = value
         return
     if section in _ROLE_SECTIONS:
         _place_role_key(out, problems, section, key, value)
+        return
+    if (family, key) in _RESPONSES_ERA:
+        out.dated_by.append(dotted)
+    if section in _MEGATRON_SCHEMA_SECTIONS and key in MEGATRON_TO_HF and key != "num_layers" \
+            and value is not None:
+        # MindSpeed-RL merges megatron_training over the model yaml: the loader checks the
+        # value against the model (one architecture for training and vLLM).
+        out.architecture[key] = (dotted, value)
         return
     if family == MEGATRON:
         for sibling in _MEGATRON_SCHEMA_SECTIONS:
@@ -164,6 +229,34 @@ def _place(out: Normalised, problems: list, translated: dict, section: str, key:
 # MindSpeed-RL's critic_config / reward_config are whole Megatron configs of their own; here
 # those roles run inside the actor's job, so only their own keys are read.
 _ROLE_SECTIONS = ("critic_config", "reward_config")
+_LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+
+
+def _place_reference_key(out: Normalised, problems: list, key: str, value: Any,
+                         target: dict) -> None:
+    """ref_config: ``load`` (and ``model``, the actor's); in MindSpeed-RL's separate-worker
+    format also the reference worker's own Megatron settings (its layout, micro-batch)."""
+    dotted = f"ref_config.{key}"
+    if key == "load":
+        target[key] = value
+        return
+    if key == "model":
+        model = out.sections["megatron_training"].get("model")
+        if model is not None and model != value:
+            problems.append(ConfigError(dotted, f"differs from megatron_training.model="
+                                        f"{show_value(model)}", "the reference is the "
+                                        "starting policy: remove the key", value=value))
+        return
+    if not (row(MEGATRON, key) or key in _fields("megatron_training")
+            or key in _fields("actor_config")):
+        problems.append(_unknown(dotted, key, "ref_config", MEGATRON))
+    elif not out.separate_workers:
+        problems.append(ConfigError(dotted, "the reference model runs in the actor's layout "
+                                    "and settings here (MindSpeed-RL's integrated worker, which "
+                                    "refuses ref_config too); only ref_config.load is read",
+                                    "remove the key", value=value))
+    else:
+        out.reference_layout[key] = value
 
 
 def _place_role_key(out: Normalised, problems: list, section: str, key: str,
@@ -219,12 +312,17 @@ def _unknown(dotted: str, key: str, section: str, family: str | None) -> ConfigE
     hint = typo_hint(key, sorted(candidates), f"{section}.")
     if hint is None:
         for other, sections in FAMILY_SECTIONS.items():
-            if other != family and (row(other, key) or any(
+            other_row = row(other, key)
+            if other != family and (other_row or any(
                     s in SECTIONS and key in _fields(s) for s in sections)):
-                hint = f"it belongs in another section: did you mean {sections[0]}.{key}?"
+                older = (f" (an older MindSpeed-RL key: {other_row.history})"
+                         if other_row is not None and other_row.history else "")
+                hint = (f"it belongs in another section{older}: did you mean "
+                        f"{sections[0]}.{key}?")
                 break
-    return ConfigError(dotted, "unknown key", hint or "neither this project nor MindSpeed-RL "
-                       f"has it in {section}; see docs/config.md for the keys of each section")
+    return ConfigError(dotted, "unknown key", hint or "never a MindSpeed-RL key: neither this "
+                       "project nor any MindSpeed-RL version (2025-03 to 2026-04) has it in "
+                       f"{section}; see docs/config.md for the keys of each section")
 
 
 def _defaults_models(value: Any, problems: list) -> list[str]:
@@ -264,6 +362,14 @@ def _ints(text: Any) -> list[int] | None:
 def _translate_dapo(out: Normalised, problems: list, translated: dict) -> None:
     """MindSpeed-RL's DAPO keys -> rl_config's (verl's names)."""
     rl = out.sections["rl_config"]
+    metric = rl.get("filter_groups_metric")
+    older = re.fullmatch(r"grpo/(.+)_rewards/mean", metric) if isinstance(metric, str) else None
+    if older:
+        # MindSpeed-RL named the verifier by its metric key until 2025-07-16
+        rl["filter_groups_metric"] = older.group(1)
+        out.notices.append(f"rl_config.filter_groups_metric={show_value(metric)}: the "
+                           "verifier's metric name, as MindSpeed-RL wrote it until 2025-07-16 "
+                           f"(release 2.1.0 included): translated to {show_value(older.group(1))}")
     sampling = out.sections["generate_config"].get("sampling_config", {})
     clip_higher = translated.pop("clip_higher_enable", None)
     if clip_higher is None or clip_higher[1] is not True:
@@ -338,7 +444,129 @@ def _translate_lora_filter(out: Normalised, problems: list, translated: dict) ->
                            "actor_config.lora_ckpt_filter")
 
 
+def _translate_workers(out: Normalised, problems: list, translated: dict) -> None:
+    """MindSpeed-RL's worker formats: the integrated worker (every role on the actor's NPUs,
+    as here) or separate workers (reference and reward model on NPUs of their own)."""
+    rl, actor = out.sections["rl_config"], out.sections["actor_config"]
+    integrated = translated.pop("use_integrated_worker", None)
+    if integrated is not None and isinstance(integrated[1], bool):
+        out.notices.append(f"{integrated[0]}={show_value(integrated[1])}: " + (
+            "every role on every rank (the integrated worker), as here" if integrated[1] else
+            "MindSpeed-RL's separate workers; here every role runs on the actor's ranks"))
+    layout = out.reference_layout
+    sizes = {k: layout.pop(k) for k in _LAYOUT if k in layout}
+    if sizes:
+        actor_sizes = [actor.get(k, 1) for k in _LAYOUT]
+        same = list(sizes.values()) == [actor.get(k, 1) for k in sizes]
+        written = ", ".join(f"{k}={show_value(v)}" for k, v in sizes.items())
+        out.notices.append(
+            f"ref_config.{written}: " + ("the actor's layout too" if same else
+            "the reference's layout on NPUs of its own (MindSpeed-RL's separate workers, "
+            "rl_config.reference_resource); here the reference runs on the actor's ranks in the "
+            f"actor's layout (TP {actor_sizes[0]} x PP {actor_sizes[1]}), which computes the "
+            "same log-probs"))
+    mbs = layout.pop("micro_batch_size", None)
+    if mbs is not None:
+        # MindSpeed-RL's reference worker runs its forward in ref_config.micro_batch_size rows
+        old = rl.get("ref_forward_micro_batch_size")
+        rl["ref_forward_micro_batch_size"] = mbs
+        out.notices.append(f"ref_config.micro_batch_size={show_value(mbs)}: translated to "
+                           f"rl_config.ref_forward_micro_batch_size={show_value(mbs)}" + (
+                               f" (its {show_value(old)} is not read: MindSpeed-RL's separate "
+                               "reference worker reads ref_config's)" if old not in (None, mbs)
+                               else ""))
+    for key, value in layout.items():
+        dotted = f"ref_config.{key}"
+        r = row(MEGATRON, key)
+        if r is not None and r.handling == NOT_APPLICABLE and not r.accepts(value):
+            problems.append(not_applicable_error(dotted, value, r))
+        else:
+            out.notices.append(f"{dotted}={show_value(value)}: the reference follows the run's "
+                               "settings here (it only computes log-probs of the starting "
+                               "weights, or of ref_config.load)")
+
+
+def _translate_history(out: Normalised, problems: list, translated: dict) -> None:
+    """Keys of older MindSpeed-RL versions with a meaning today (mindspeed_keys ``history``)."""
+    rl, actor = out.sections["rl_config"], out.sections["actor_config"]
+    for key in ("experience_count", "experience_count_actor", "experience_count_ref",
+                "experience_count_reward", "experience_count_rule_reward", "micro_batch_size"):
+        item = translated.pop(key, None)
+        if item is not None:
+            family = GENERATE if key == "micro_batch_size" else RL
+            out.notices.append(notice_line(item[0], item[1], row(family, key)))
+    update = translated.pop("update_micro_batch_size", None)
+    if update is not None:
+        dotted, value = update
+        if _written_rl(out).get("use_integrated_worker") is True:
+            forward = actor.get("micro_batch_size")
+            actor["micro_batch_size"] = value
+            moved = []
+            for name in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
+                if forward is not None and name not in rl:
+                    rl[name] = forward
+                    moved.append(f"rl_config.{name}={show_value(forward)}")
+            out.notices.append(f"{dotted}={show_value(value)} (an older MindSpeed-RL key: "
+                               f"{row(RL, 'update_micro_batch_size').history}): translated to "
+                               f"actor_config.micro_batch_size={show_value(value)}"
+                               + (f", and actor_config.micro_batch_size to {', '.join(moved)}"
+                                  if moved else ""))
+        else:
+            out.notices.append(f"{dotted}={show_value(value)}: not read: MindSpeed-RL read it "
+                               "only with rl_config.use_integrated_worker: true")
+    mini = rl.get("mini_batch_size")
+    if out.dated_by and mini is not None:
+        n = rl.get("n_samples_per_prompt", _default(RLConfig, "n_samples_per_prompt"))
+        if not _is_int(mini) or not _is_int(n) or n < 1 or mini % n:
+            problems.append(ConfigError("rl_config.mini_batch_size", "counts responses in this "
+                                        f"file's MindSpeed-RL version ({out.dated_by[0]} dates "
+                                        "it before 2025-05-15), but is not a multiple of "
+                                        f"rl_config.n_samples_per_prompt={show_value(n)}",
+                                        "give a multiple of n_samples_per_prompt", value=mini))
+        else:
+            rl["mini_batch_size"] = mini // n
+            out.notices.append(f"rl_config.mini_batch_size={mini}: counted responses in "
+                               f"MindSpeed-RL before 2025-05-15 (as {out.dated_by[0]} dates "
+                               f"this file): translated to {mini // n} prompts ({mini} / "
+                               f"n_samples_per_prompt={n})")
+    rule = translated.pop("rule_reward", None)
+    if rule is not None:
+        dotted, value = rule
+        if not isinstance(value, bool):
+            problems.append(ConfigError(dotted, "expected true or false", "e.g. rule_reward: "
+                                        "true", value=value))
+        elif not value:
+            if "reward_config" not in out.written or "reward_config" in out.dropped_sections:
+                problems.append(ConfigError(dotted, "leaves no reward: no rule verifiers and no "
+                                            "reward model (reward_config, with "
+                                            "rl_config.reward_resource in MindSpeed-RL's "
+                                            "separate-worker format)", "set rule_reward: true "
+                                            "with verifier_function, or add a reward model",
+                                            value=value))
+            else:
+                dropped = [k for k in ("verifier_function", "verifier_weight") if k in rl]
+                rl["verifier_function"], rl["verifier_weight"] = [], []
+                out.notices.append(f"{dotted}=false: no rule verifiers, the reward model alone"
+                                   + (f" (rl_config.{' and '.join(dropped)} not read)"
+                                      if dropped else ""))
+
+
+def _written_rl(out: Normalised) -> dict:
+    rl = out.written.get("rl_config")
+    return rl if isinstance(rl, dict) else {}
+
+
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _translate(out: Normalised, problems: list, translated: dict) -> None:
+    _translate_workers(out, problems, translated)
+    _translate_history(out, problems, translated)
     _translate_dapo(out, problems, translated)
     _translate_lora_filter(out, problems, translated)
     mt, actor = out.sections["megatron_training"], out.sections["actor_config"]

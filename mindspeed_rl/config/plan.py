@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindspeed_rl.config import phase_names as names
+from mindspeed_rl.config.checks import packing_budgets
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.schema import RLJobConfig
@@ -203,6 +204,9 @@ class Plan:
     labels: dict[str, str] = field(repr=False)  # memory/phase key -> table label
     weights: tuple[str, ...] = ()      # which weights the run loads (the stated rule)
     notices: tuple[str, ...] = ()      # MindSpeed-RL keys accepted without effect, and why
+    warnings: tuple[str, ...] = ()     # values run as MindSpeed-RL runs them, though odd
+    # the phases of this job that run megatron micro-batches (the others are not shown)
+    micro_batch_phases: tuple[str, ...] = ()
     infer_expert_parallel_size: int | None = None   # vLLM EP size, None without EP
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,6 +232,7 @@ class Plan:
             "phase_bytes": dict(self.phase_bytes),
             "weights": list(self.weights),
             "notices": list(self.notices),
+            "warnings": list(self.warnings),
         }
 
     def format(self, header: str | None = None) -> str:
@@ -237,7 +242,7 @@ class Plan:
         if header is None:
             header = (f"dry-run OK: {self.config_path} on {self.world_size} ranks "
                       "(nothing started, no weights read)")
-        lines = [header, ""]
+        lines = [header, *(f"warning: {line}" for line in self.warnings), ""]
         lines += [f"model       {self.model['source']}",
                   f"            {self.model['description']}",
                   f"            {self.model['num_parameters']:,} parameters "
@@ -282,7 +287,8 @@ class Plan:
         lines.append("samples per iteration")
         lines += [f"  {label:<{width}}{value:>8,}" for label, value in rows]
         lines.append("")
-        layouts = self.batch.micro_batching
+        layouts = {phase: m for phase, m in self.batch.micro_batching.items()
+                   if phase in self.micro_batch_phases or not self.micro_batch_phases}
         if any(m.dynamic or m.packed for m in layouts.values()):
             lines.append("micro-batches (rl_config.use_dynamic_bsz / use_remove_padding)")
             lines += [f"  {phase:<{width}}{m.describe():>8}" for phase, m in layouts.items()]
@@ -449,7 +455,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 weights=tuple(_weight_lines(m.hf_dir, a.load, config.ref_config.load,
                                             a.finetune, rl.init_kl_coef > 0,
                                             shared=rl.share_backbone)),
-                notices=config.notices,
+                notices=config.notices, warnings=config.warnings,
+                micro_batch_phases=tuple(packing_budgets(config)),
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
                                             if g.enable_expert_parallel and m.is_moe else None))
 

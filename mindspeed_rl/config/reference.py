@@ -96,7 +96,7 @@ def mindspeed_tables() -> str:
                          "generate_config.sampling_config")}
     lines = []
     for family, (title, home) in titles.items():
-        rows = [r for r in ROWS if r.family == family]
+        rows = [r for r in ROWS if r.family == family and not r.history]
         lines += [title, ""]
         honoured = [f"`{r.name}`" + ("" if r.detail == f"{home}.{r.name}" else f" (`{r.detail}`)")
                     for r in rows if r.handling == HONOURED]
@@ -119,6 +119,26 @@ def mindspeed_tables() -> str:
                 keys = ", ".join(f"`{n}`" for n in names)
                 lines.append(f"| {keys} | {handling} | {detail.replace('|', '/')} | {accepted} |")
             lines.append("")
+    lines += ["#### Keys of older MindSpeed-RL versions", "",
+              "Keys its config classes had and no longer have (or that its own early configs "
+              "carried unread), with the versions that read them (dates of its master "
+              "branch; 2.0.0 is its first release branch, 2025-05-30). Each loads as said, or "
+              "is refused by name with its version.", "",
+              "| key | section | MindSpeed-RL versions | handling | why / what it becomes | "
+              "values accepted |", "| --- | --- | --- | --- | --- | --- |"]
+    old: list[tuple[tuple, list[str]]] = []
+    for r in (r for r in ROWS if r.history):
+        accepted = (r.needs or "any") if r.handling == NOT_APPLICABLE else "-"
+        key = (titles[r.family][1], r.history, r.handling, r.detail, accepted)
+        if old and old[-1][0] == key:
+            old[-1][1].append(r.name)
+        else:
+            old.append((key, [r.name]))
+    for (section, history, handling, detail, accepted), names in old:
+        keys = ", ".join(f"`{n}`" for n in names)
+        lines.append(f"| {keys} | `{section}` | {history} | {handling} | "
+                     f"{detail.replace('|', '/')} | {accepted} |")
+    lines += ["", ""]
     return "\n".join(lines)
 
 

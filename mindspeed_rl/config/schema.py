@@ -42,9 +42,10 @@ class MegatronTrainingConfig:
     global_batch_size: int = setting(4, "prompts per iteration, over all ranks (each gets "
                                         "rl_config.n_samples_per_prompt responses)")
     seq_length: int = setting(512, (
-        "Megatron's sequence length of the prompt data, as MindSpeed-RL uses it (prompts are "
-        "read at most this long); must be >= rl_config.max_prompt_length (prompts longer than "
-        "that are dropped, never cut) and <= generate_config.max_model_len"))
+        "Megatron's sequence length of the prompt data, as MindSpeed-RL uses it: prompts are "
+        "read at most this long (prompts longer than rl_config.max_prompt_length are dropped; "
+        "when seq_length is shorter, longer kept prompts are cut to their first seq_length "
+        "tokens, with a warning); must be <= generate_config.max_model_len"))
     train_iters: int = setting(10, "GRPO iterations to run")
     save_interval: int = setting(0, "iterations between checkpoints to actor_config.save; "
                                     "0 = only after the last iteration")
@@ -353,8 +354,10 @@ class RLConfig:
     max_packing_token_size: int = setting(4096, (
         "use_dynamic_bsz: tokens (prompt + response) per micro-batch; with use_remove_padding "
         "the length of one packed sequence, without it rows x the micro-batch's longest row. "
-        "Must hold the longest row, max_prompt_length + max_tokens (MindSpeed-RL suggests "
-        "twice that)"))
+        "As in MindSpeed-RL it is the default of the update_, actor_ and ref_ budgets (and the "
+        "budget of the critic's values and the reward model); every budget a phase of the job "
+        "uses must hold the longest row, max_prompt_length + max_tokens (MindSpeed-RL "
+        "suggests twice that), the others are not checked"))
     update_max_packing_token_size: int | None = setting(None, (
         "the token budget of the actor's (and the critic's) update micro-batches; null = "
         "max_packing_token_size"))
@@ -476,6 +479,12 @@ class GenerateConfig:
         "generation data-parallel replicas (of infer_tensor_parallel_size ranks each) that "
         "share one expert-parallel group, as in MindSpeed-RL; vLLM's EP size is "
         "infer_tensor_parallel_size x this; > 1 needs enable_expert_parallel"))
+    expert_map_path: str | None = setting(None, (
+        "expert-load balancing (EPLB, MindSpeed-RL's key): a JSON expert map placing each "
+        "MoE layer's experts (and redundant copies) on vLLM's expert-parallel ranks. NPU only: "
+        "passed to vllm-ascend (additional_config expert_map_path); vLLM on CUDA and CPU has "
+        "no expert map, there experts keep vLLM's own placement (the plan says so once). "
+        "Needs enable_expert_parallel; null = vLLM's placement"), path=True)
     sampling_config: SamplingConfig = setting(SamplingConfig, "rollout sampling parameters")
 
 
@@ -525,6 +534,9 @@ class RLJobConfig:
     ref_config: RefConfig = field(default_factory=RefConfig)
     # MindSpeed-RL keys accepted without effect, with the reason (printed once at start-up).
     notices: tuple[str, ...] = ()
+    # values MindSpeed-RL accepts that run as MindSpeed-RL runs them, though they look wrong
+    # (a mini-batch larger than the batch...): one line each, printed with the plan.
+    warnings: tuple[str, ...] = ()
 
     @property
     def sampling_config(self) -> SamplingConfig:

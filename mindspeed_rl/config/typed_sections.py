@@ -66,11 +66,17 @@ def build_section(cls: type, raw: Any, prefix: str, *, overridden: frozenset[str
     kwargs = dict(given)
     for name, f in known.items():
         dotted = f"{prefix}.{name}"
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if name in raw and raw[name] is None and required:
+            # a key written blank (`data_path:`), as templates ship it: still missing
+            raise ConfigError(dotted, "required key is empty",
+                              f"set it under {prefix}: ({f.metadata.get('doc', '')})",
+                              value=None, origin=_origin(dotted, overridden, source))
         if name in raw:
             kwargs[name] = coerce_value(raw[name], hints[name], dotted, overridden=overridden,
                                         example=f.default, source=source,
                                         doc=f.metadata.get("doc"), elsewhere=elsewhere)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        elif required:
             raise ConfigError(dotted, "required key is missing",
                               f"add it under {prefix}: ({f.metadata.get('doc', '')})",
                               origin=source)

@@ -327,7 +327,8 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
                         apply_chat_template: bool = True, system_prompt: str | None = None,
                         seed: int = 1234, shuffle: bool = True,
                         data_path_key: str = "megatron_training.data_path",
-                        tools: ToolPrompt | None = None) -> PromptDataset:
+                        tools: ToolPrompt | None = None,
+                        cut_to: int | None = None) -> PromptDataset:
     """Read, template, tokenize and length-filter the prompts of ``path``.
 
     path: a .jsonl/.json/.parquet file or a directory of them (module docstring).
@@ -338,6 +339,8 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
     data_path_key: the config key named in the file errors
       (e.g. ``megatron_training.test_data_path`` for the test set).
     tools: the tool description of ``prompt_type: qwen_retool`` (:class:`ToolPrompt`).
+    cut_to: the kept prompts longer than this are cut to their first ``cut_to`` tokens
+      (MindSpeed-RL reads its prompt data cut to ``seq_length``); None cuts nothing.
     """
     rows = read_prompt_rows(path, prompt_key, answer_key, data_path_key)
     if not rows:
@@ -349,13 +352,17 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
             r, answer=tokenizer.decode(r.answer_ids, skip_special_tokens=True),
             prompt_text=tokenizer.decode(r.prompt_ids)) for r in rows]
     items: list[PromptItem] = []
-    num_dropped = 0
+    num_dropped = num_cut = 0
     for raw, (ids, text) in zip(rows, tokenize_prompts(rows, tokenizer, apply_chat_template,
                                                         system_prompt, prompt_key,
                                                         tools=tools)):
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             num_dropped += 1
             continue
+        if cut_to is not None and len(ids) > cut_to:
+            ids = list(ids[:cut_to])
+            num_cut += 1
+            text = tokenizer.decode(ids) if tokenizer is not None else text
         items.append(PromptItem(prompt_ids=ids, answer=raw.answer, prompt_text=text,
                                 source_row=raw.source_row, source_file=raw.source_file))
     if not items:
@@ -363,6 +370,7 @@ def load_prompt_dataset(path: str, tokenizer: Any = None, max_prompt_length: int
                          f"max_prompt_length={max_prompt_length} tokens; raise "
                          "rl_config.max_prompt_length")
     log = logger.warning if num_dropped else logger.info
-    log("%s: %d prompts kept, %d dropped as longer than max_prompt_length=%s tokens",
-        path, len(items), num_dropped, max_prompt_length)
+    log("%s: %d prompts kept, %d dropped as longer than max_prompt_length=%s tokens%s",
+        path, len(items), num_dropped, max_prompt_length,
+        f", {num_cut} cut to seq_length={cut_to}" if cut_to is not None else "")
     return PromptDataset(items, seed=seed, shuffle=shuffle, num_dropped=num_dropped, source=path)

@@ -167,6 +167,15 @@ def _expert_parallel_kwargs(enable: bool, ep_replicas: int, tp: int, world: int,
     return {"enable_expert_parallel": True, "data_parallel_size": ep_replicas}
 
 
+def expert_map_kwargs(expert_map_path: str | None, device_type: str) -> dict:
+    """vLLM arguments of an EPLB expert map (generate_config.expert_map_path): vllm-ascend
+    reads it from its additional_config; vLLM on CUDA and CPU has no expert map, so there the
+    key changes nothing (the plan's notice says so)."""
+    if expert_map_path is None or device_type != "npu":
+        return {}
+    return {"additional_config": {"expert_map_path": expert_map_path}}
+
+
 def _kv_cache_shortfall(message: str, max_model_len: int, gpu_memory_utilization: float,
                         device_type: str) -> str | None:
     """vLLM's "KV cache too small for one sequence" in terms of this project's keys."""
@@ -279,10 +288,11 @@ class RolloutEngine:
                  enforce_eager: bool = True, dtype: str = "float32", seed: int = 1234,
                  load_format: str = "auto", device_type: str = "cpu",
                  enable_prefix_caching: bool = True, enable_expert_parallel: bool = False,
-                 infer_expert_parallel_size: int = 1) -> None:
+                 infer_expert_parallel_size: int = 1, expert_map_path: str | None = None) -> None:
         world = _check_world_and_model(model_dir, infer_tensor_parallel_size)
         expert_kwargs = _expert_parallel_kwargs(enable_expert_parallel, infer_expert_parallel_size,
                                                 infer_tensor_parallel_size, world, device_type)
+        expert_kwargs.update(expert_map_kwargs(expert_map_path, device_type))
         self.tensor_parallel_size = infer_tensor_parallel_size
         self.dp_rank = dist.get_rank() // infer_tensor_parallel_size
         self.dp_size = world // infer_tensor_parallel_size
@@ -328,7 +338,8 @@ class RolloutEngine:
                    load_format="dummy", device_type=device_type,
                    enable_prefix_caching=gen.enable_prefix_caching,
                    enable_expert_parallel=gen.enable_expert_parallel,
-                   infer_expert_parallel_size=gen.infer_expert_parallel_size)
+                   infer_expert_parallel_size=gen.infer_expert_parallel_size,
+                   expert_map_path=gen.expert_map_path)
 
     # ---- generation -------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingConfig,

@@ -338,15 +338,18 @@ def _datasets(config, tokenizer):
 
     mt, rl = config.megatron_training, config.rl_config
     tools = _tool_prompt(config)
+    # MindSpeed-RL reads prompts cut to seq_length (the plan warns when that cuts any)
+    cut_to = mt.seq_length if mt.seq_length < rl.max_prompt_length else None
     train = load_prompt_dataset(mt.data_path, tokenizer, rl.max_prompt_length,
                                 prompt_key=mt.prompt_key, answer_key=mt.answer_key, seed=mt.seed,
-                                shuffle=not mt.no_shuffle, tools=tools)
+                                shuffle=not mt.no_shuffle, tools=tools, cut_to=cut_to)
     test = None
     if mt.test_data_path:
         test = load_prompt_dataset(mt.test_data_path, tokenizer, rl.max_prompt_length,
                                    prompt_key=mt.prompt_key, answer_key=mt.answer_key,
                                    seed=mt.seed, shuffle=False,
-                                   data_path_key="megatron_training.test_data_path", tools=tools)
+                                   data_path_key="megatron_training.test_data_path", tools=tools,
+                                   cut_to=cut_to)
     return train, test
 
 

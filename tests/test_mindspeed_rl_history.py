@@ -1,0 +1,587 @@
+"""MindSpeed-RL's older config formats, the per-role packing budgets, EPLB, and the values
+MindSpeed-RL accepts that look wrong (pure Python, no torch).
+
+The configs here are written for these tests in the formats MindSpeed-RL shipped: its
+separate-worker format of March 2025 (reference and reward model with NPUs and layouts of
+their own, experience_count, mini_batch_size counted in responses) and its integrated worker
+of May 2025 (update_micro_batch_size). The last test dry-runs MindSpeed-RL's own configs
+across its history when its git mirror is on this machine (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindspeed_rl.config import ConfigError, load_config, main, make_plan
+from mindspeed_rl.config.checks import packing_budgets
+from mindspeed_rl.config.errors import ConfigErrors
+
+# MindSpeed-RL's model yaml of March 2025 (Megatron names under the model name, no
+# norm_epsilon, and training keys its loader merged into the job's Megatron settings).
+MODEL_YAML = """\
+tiny_qwen:
+  use_mcore_models: true
+  num_layers: 4
+  hidden_size: 128
+  ffn_hidden_size: 256
+  num_attention_heads: 8
+  seq_length: 4096
+  rotary_base: 1000000
+  max_position_embeddings: 4096
+  make_vocab_size_divisible_by: 1
+  padded_vocab_size: 512
+  untie_embeddings_and_output_weights: true
+  add_qkv_bias: true
+  disable_bias_linear: true
+  group_query_attention: true
+  num_query_groups: 4
+  attention_dropout: 0.0
+  init_method_std: 0.01
+  hidden_dropout: 0.0
+  adam_beta1: 0.9
+  adam_beta2: 0.97
+  position_embedding_type: rope
+  normalization: RMSNorm
+  use_fused_rmsnorm: true
+  swiglu: true
+  use_flash_attn: true
+  attention_softmax_in_fp32: true
+  bf16: true
+"""
+
+# The separate-worker format of MindSpeed-RL's March 2025 configs (grpo_trainer_*): the
+# reference and a reward model on NPUs and layouts of their own, rule_reward false, keys
+# of that time (experience_count, colocate_*, generate_config.micro_batch_size) and keys its
+# configs carried that it never read (kl_coef, missing_eos_penalty).
+MARCH_2025 = """\
+defaults:
+  - model:
+      - tiny_qwen
+
+megatron_training:
+  model: tiny_qwen
+  use_fused_rmsnorm: true
+  use_mcore_models: true
+  sequence_parallel: true
+  use_flash_attn: true
+  no_masked_softmax_fusion: true
+  bf16: true
+  use_distributed_optimizer: true
+  tokenizer_type: PretrainedFromHF
+  tokenizer_name_or_path: ./tok
+  global_batch_size: 8
+  seq_length: 512
+  save_interval: 10000
+  train_iters: 1000
+  stage: ray_grpo
+  attention_dropout: 0.0
+  init_method_std: 0.01
+  hidden_dropout: 0.0
+  distributed_backend: nccl
+  no_shared_storage: true
+  variable_seq_lengths: true
+  norm_epsilon: 1e-6
+  dataset_additional_keys: ['labels',]
+  data_path: ./dataset/data
+  split: 100,0,0
+
+actor_config:
+  model: tiny_qwen
+  micro_batch_size: 1
+  tensor_model_parallel_size: 4
+  pipeline_model_parallel_size: 1
+  lr: 1e-7
+  lr_decay_style: constant
+  min_lr: 0.0
+  weight_decay: 0.0
+  lr_warmup_fraction: 0.0
+  clip_grad: 10000.0
+  initial_loss_scale: 4096
+  finetune: true
+  load: ./ckpt
+  save: ./ckpt
+  no_load_optim: true
+  no_load_rng: true
+
+ref_config:
+  model: tiny_qwen
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  micro_batch_size: 2
+  load: ./ckpt
+  no_load_optim: true
+  no_load_rng: true
+
+reward_config:
+  model: tiny_qwen
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  micro_batch_size: 1
+  load: ./rm_ckpt
+  no_load_optim: true
+  no_load_rng: true
+
+rl_config:
+  blocking: false
+  experience_count: 2
+  gamma: 1.0
+  lam: 0.95
+  adv_estimator: group_norm
+  kl_penalty: kl
+  kl_ctrl_type: fixed
+  kl_coef: 0.05
+  missing_eos_penalty: 0.0
+  init_kl_coef: 0.05
+  mini_batch_size: 8
+  max_prompt_length: 256
+  epochs: 1
+  clip_ratio: 0.2
+  entropy_coeff: 0.001
+  shuffle_minibatch: false
+  n_samples_per_prompt: 2
+  rule_reward: false
+  colocate_actor_ref: false
+  colocate_all_models: false
+  num_cpus_for_local_task: 1.0
+  num_cpus_for_placement_group: 8
+  actor_resource:
+    num_npus: 4
+  reference_resource:
+    num_npus: 2
+  reward_resource:
+    num_npus: 2
+
+generate_config:
+  micro_batch_size: 1
+  trust_remote_code: true
+  infer_tensor_parallel_size: 4
+  infer_pipeline_parallel_size: 1
+  infer_expert_parallel_size: 1
+  max_num_seqs: 16
+  max_model_len: 1024
+  dtype: "bfloat16"
+  gpu_memory_utilization: 0.6
+  offload_train_optimizer: true
+  offload_train_grad: true
+  offload_train_param: true
+  sampling_config:
+    logprobs: 1
+    max_tokens: 256
+    top_p: 0.9
+    top_k: 50
+    min_p: 0.01
+    temperature: 0.9
+    detokenize: false
+"""
+
+# MindSpeed-RL's integrated worker of May 2025 (r1_zero_qwen25_7b_integrated,
+# grpo_qwen25_7b_integrated): update_micro_batch_size, a mini-batch larger than the batch
+# and a seq_length below max_prompt_length.
+MAY_2025 = """\
+defaults:
+  - model:
+      - tiny_qwen
+
+megatron_training:
+  model: tiny_qwen
+  bf16: true
+  tokenizer_name_or_path: ./tok
+  global_batch_size: 4
+  seq_length: 512
+  train_iters: 2
+  stage: ray_grpo
+  data_path: ./data
+  split: 100,0,0
+
+actor_config:
+  model: tiny_qwen
+  micro_batch_size: 2
+  tensor_model_parallel_size: 4
+  pipeline_model_parallel_size: 1
+  lr: 5e-7
+  load: ./ckpt
+  save: ./ckpt
+
+rl_config:
+  use_integrated_worker: true
+  blocking: true
+  update_micro_batch_size: 1
+  gamma: 1.0
+  lam: 0.95
+  adv_estimator: group_norm
+  kl_penalty: kl
+  init_kl_coef: 0.0001
+  mini_batch_size: 256
+  max_prompt_length: 768
+  epochs: 1
+  n_samples_per_prompt: 8
+  rule_reward: true
+  verifier_function: ["base_acc"]
+  verifier_weight: [1.0]
+  actor_resource:
+    num_npus: 8
+
+generate_config:
+  infer_tensor_parallel_size: 2
+  max_num_seqs: 64
+  max_model_len: 1024
+  sampling_config:
+    max_tokens: 256
+    temperature: 0.8
+"""
+
+
+@pytest.fixture
+def msrl(tmp_path, monkeypatch):
+    """Write a MindSpeed-RL-format job (with edits) beside model/tiny_qwen.yaml; cd there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tiny_qwen.yaml").write_text(MODEL_YAML)
+
+    def write(text: str, *, replace: dict[str, str] | None = None) -> Path:
+        for old, new in (replace or {}).items():
+            assert old in text, old
+            text = text.replace(old, new)
+        path = tmp_path / "job.yaml"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+def error_of(fn, *args, **kwargs) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+def notice(config, start: str) -> str:
+    found = [n for n in config.notices if n.startswith(start)]
+    assert len(found) == 1, (start, config.notices)
+    return found[0]
+
+
+# ---- the separate-worker format (March 2025) ----------------------------------------------
+
+def test_march_2025_separate_worker_format_loads_and_plans(msrl, capsys):
+    path = msrl(MARCH_2025)
+    config = load_config(path, check_data=False)
+    rl, a, reward = config.rl_config, config.actor_config, config.reward_config
+    # the reward model of reward_resource, in the actor's layout; no rule verifiers
+    assert reward is not None and reward.load == str(Path("rm_ckpt").absolute())
+    assert reward.tensor_model_parallel_size is None and reward.micro_batch_size == 1
+    assert rl.verifier_function == () and rl.verifier_weight == ()
+    # responses then: 8 responses / 2 samples = 4 prompts per optimizer step
+    assert rl.mini_batch_size == 4
+    assert rl.ref_forward_micro_batch_size == 2        # ref_config.micro_batch_size
+    assert config.model.rms_norm_eps == 1e-6           # megatron_training.norm_epsilon
+    # the model yaml's training keys fill what the job leaves out; the job's win
+    assert a.adam_beta2 == 0.97 and config.megatron_training.seq_length == 512
+    assert notice(config, "ref_config.tensor_model_parallel_size=2, "
+                          "pipeline_model_parallel_size=1: the reference's layout on NPUs of its "
+                          "own").endswith("the actor's layout (TP 4 x PP 1), which computes the "
+                                          "same log-probs")
+    assert "(an older MindSpeed-RL key: MindSpeed-RL master 2025-03-26 to 2025-05-15" in notice(
+        config, "rl_config.experience_count=2")
+    assert "before release 2.0.0" in notice(config, "generate_config.micro_batch_size=1")
+    assert "never a key of its config classes" in notice(config, "rl_config.kl_coef=0.05")
+    assert "translated to 4 prompts (8 / n_samples_per_prompt=2)" in notice(
+        config, "rl_config.mini_batch_size=8")
+    assert "leaves out" in notice(config, "megatron_training.norm_epsilon=1e-06")
+    assert notice(config, "rl_config.rule_reward=false") == (
+        "rl_config.rule_reward=false: no rule verifiers, the reward model alone")
+    # their actor_resource.num_npus
+    assert main(["--config", str(path), "--dry-run", "--world-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "dry-run OK" in out and "reward model (" in out
+
+
+def test_reward_config_without_reward_resource_is_not_read(msrl):
+    """r1_zero_* (March 2025): a reward_config beside rule rewards, but no reward_resource,
+    so MindSpeed-RL built no reward model from it."""
+    config = load_config(msrl(MARCH_2025, replace={
+        "  reward_resource:\n    num_npus: 2\n": "",
+        "  rule_reward: false\n": "  rule_reward: true\n  verifier_function: [math_17k_acc]\n"
+                                  "  verifier_weight: [1.0]\n"}), check_data=False)
+    assert config.reward_config is None and config.rl_config.verifier_function == ("math_17k_acc",)
+    assert notice(config, "reward_config: not read")
+
+
+def test_rule_reward_false_without_a_reward_model_is_refused(msrl):
+    path = msrl(MARCH_2025, replace={"  reward_resource:\n    num_npus: 2\n": ""})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("rl_config.rule_reward=false: leaves no reward")
+
+
+def test_reference_layout_in_the_integrated_format_is_refused(msrl):
+    """MindSpeed-RL refuses ref_config with use_integrated_worker: true; so does this project
+    (its reference runs in the actor's layout there)."""
+    path = msrl(MAY_2025 + "ref_config:\n  tensor_model_parallel_size: 2\n")
+    text = str(error_of(load_config, path, check_data=False))
+    assert "ref_config.tensor_model_parallel_size=2: the reference model runs in the actor's " \
+           "layout" in text
+
+
+def test_mini_batch_in_responses_must_split_into_prompts(msrl):
+    path = msrl(MARCH_2025, replace={"  mini_batch_size: 8\n": "  mini_batch_size: 7\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("rl_config.mini_batch_size=7: counts responses in this file's "
+                           "MindSpeed-RL version (rl_config.experience_count dates it")
+
+
+def test_norm_epsilon_that_contradicts_the_model_is_refused(msrl, tmp_path):
+    (tmp_path / "model" / "tiny_qwen.yaml").write_text(MODEL_YAML + "  norm_epsilon: 1e-5\n")
+    text = str(error_of(load_config, msrl(MARCH_2025), check_data=False))
+    assert "megatron_training.norm_epsilon=1e-06: the model's norm_epsilon is 1e-05" in text
+    assert "remove the key, or set norm_epsilon in the model's file" in text
+
+
+# ---- the integrated worker of May 2025, and values MindSpeed-RL accepts ---------------------
+
+def test_may_2025_integrated_format_runs_as_mindspeed_rl_ran_it(msrl, capsys):
+    path = msrl(MAY_2025, replace={"  seq_length: 512\n": "  seq_length: 256\n"})
+    config = load_config(path, check_data=False)
+    rl, a = config.rl_config, config.actor_config
+    # update_micro_batch_size is the update's; micro_batch_size then sized the forwards
+    assert a.micro_batch_size == 1
+    assert rl.actor_forward_micro_batch_size == 2 and rl.ref_forward_micro_batch_size == 2
+    # 256 prompts per step of a batch of 4: one step over the whole batch
+    assert rl.mini_batch_size == 4
+    assert config.warnings == (
+        "rl_config.mini_batch_size=256 is larger than megatron_training.global_batch_size=4: "
+        "one mini-batch of all 4 prompts (one optimizer step per epoch), as MindSpeed-RL runs "
+        "it; set mini_batch_size: 4 to say so",
+        "megatron_training.seq_length=256 is shorter than rl_config.max_prompt_length=768: "
+        "prompts longer than 256 tokens are cut to their first 256 tokens (those longer than "
+        "768 dropped first), as MindSpeed-RL reads its prompt data; raise seq_length to 768 to "
+        "keep whole prompts")
+    assert main(["--config", str(path), "--dry-run", "--world-size", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("warning: rl_config.mini_batch_size=256 is larger")
+    assert out[2].startswith("warning: megatron_training.seq_length=256 is shorter")
+
+
+def test_update_micro_batch_size_is_read_only_by_the_integrated_worker(msrl):
+    config = load_config(msrl(MARCH_2025, replace={
+        "  experience_count: 2\n": "  experience_count: 2\n  update_micro_batch_size: 2\n"}),
+        check_data=False)
+    assert config.actor_config.micro_batch_size == 1
+    assert "not read" in notice(config, "rl_config.update_micro_batch_size=2")
+
+
+def test_old_keys_with_values_that_cannot_be_honoured_name_their_version(msrl):
+    path = msrl(MAY_2025, replace={"  max_num_seqs: 64\n": "  max_num_seqs: 64\n"
+                                   "  infer_prefill_context_parallel_size: 2\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("generate_config.infer_prefill_context_parallel_size=2: cannot be "
+                           "honoured here (an older MindSpeed-RL key: MindSpeed-RL master "
+                           "2026-01-15 (reverted the same day))")
+
+
+# ---- unknown keys: an older MindSpeed-RL key, or never one --------------------------------
+
+def test_unknown_key_wording_tells_old_keys_from_never_keys(msrl):
+    path = msrl(MAY_2025, replace={"  max_num_seqs: 64\n": "  max_num_seqs: 64\n"
+                                   "  experience_count: 4\n",
+                                   "  blocking: true\n": "  blocking: true\n"
+                                   "  rollout_bonus: 3\n"})
+    error = error_of(load_config, path, check_data=False)
+    assert isinstance(error, ConfigErrors) and len(error.errors) == 2
+    never, old = (str(e) for e in error.errors)          # in the order of the sections
+    assert old == ("generate_config.experience_count: unknown key; it belongs in another section "
+                   "(an older MindSpeed-RL key: MindSpeed-RL master 2025-03-26 to 2025-05-15, "
+                   "before release 2.0.0): did you mean rl_config.experience_count?")
+    assert never == ("rl_config.rollout_bonus: unknown key; never a MindSpeed-RL key: neither "
+                     "this project nor any MindSpeed-RL version (2025-03 to 2026-04) has it in "
+                     "rl_config; see docs/config.md for the keys of each section")
+
+
+# ---- the packing budget of each role -----------------------------------------------------
+
+DAPO_20K = """\
+megatron_training:
+  model: tiny_qwen
+  tokenizer_name_or_path: ./tok
+  global_batch_size: 16
+  seq_length: 512
+  stage: ray_dapo
+  data_path: ./data
+actor_config:
+  tensor_model_parallel_size: 4
+rl_config:
+  use_remove_padding: true
+  use_dynamic_bsz: true
+  actor_max_packing_token_size: 4096
+  update_max_packing_token_size: 2048
+  mini_batch_size: 8
+  max_prompt_length: 512
+  n_samples_per_prompt: 4
+  verifier_function: [acc_for_dapo]
+  verifier_weight: [1.0]
+generate_config:
+  infer_tensor_parallel_size: 4
+  max_model_len: 2048
+  sampling_config:
+    max_tokens: 1536
+"""
+
+
+def test_packing_budgets_are_read_per_role_as_mindspeed_rl_reads_them(msrl):
+    """dapo_qwen25_32b_A2_20k.yaml's shape: the update and old log-prob budgets hold the
+    longest row (2048 tokens), the base (below it) is only their default; DAPO builds no
+    reference model, whose budget would fall back to the base."""
+    small_base = DAPO_20K.replace("  use_dynamic_bsz: true\n",
+                                  "  use_dynamic_bsz: true\n  max_packing_token_size: 1024\n")
+    config = load_config(msrl(small_base), check_data=False)
+    assert config.rl_config.init_kl_coef == 0            # MindSpeed-RL's DAPO: no reference
+    assert packing_budgets(config) == {"update": "update_", "old_log_p": "actor_"}
+    make_plan(config, 16)
+    # the same budgets with a reference model: its budget falls back to the base
+    text = str(error_of(load_config, msrl(small_base.replace("  stage: ray_dapo\n", "")),
+                        check_data=False))
+    assert text.startswith("rl_config.max_packing_token_size=1024: smaller than the longest "
+                           "single row (the reference_model phase's budget: rl_config."
+                           "ref_max_packing_token_size is not set): rl_config.max_prompt_length"
+                           "=512 + generate_config.sampling_config.max_tokens=1536 = 2048 tokens")
+
+
+def test_a_role_budget_is_checked_only_when_its_phase_runs(msrl):
+    small_actor = DAPO_20K.replace("actor_max_packing_token_size: 4096",
+                                   "actor_max_packing_token_size: 1024")
+    # one optimizer step per iteration: no old log-prob forward, its budget is not used
+    config = load_config(msrl(small_actor.replace("  mini_batch_size: 8\n",
+                                                  "  mini_batch_size: 16\n")), check_data=False)
+    assert "old_log_p" not in packing_budgets(config)
+    text = str(error_of(load_config, msrl(small_actor), check_data=False))
+    assert text.startswith("rl_config.actor_max_packing_token_size=1024: smaller than the "
+                           "longest single row: ")
+
+
+def test_dapo_stage_has_no_reference_model(msrl):
+    config = load_config(msrl(DAPO_20K.replace("  mini_batch_size: 8\n",
+                                               "  mini_batch_size: 8\n  init_kl_coef: 0.01\n")),
+                         check_data=False)
+    assert config.rl_config.init_kl_coef == 0
+    assert "has no reference model" in notice(config, "rl_config.init_kl_coef=0.01: not read")
+    assert make_plan(config, 16).memory_bytes["reference_params"] == 0
+
+
+# ---- EPLB ---------------------------------------------------------------------------------
+
+MOE_MODEL = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+             "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+             "moe_intermediate_size": 64, "num_experts": 8, "num_experts_per_tok": 2,
+             "vocab_size": 512, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6}
+
+
+def test_expert_map_is_npu_only_and_said_once(msrl, tmp_path):
+    from mindspeed_rl.rollout.engine import expert_map_kwargs
+
+    (tmp_path / "moe.yaml").write_text(yaml.safe_dump(MOE_MODEL))
+    text = textwrap.dedent("""\
+        megatron_training:
+          model: moe.yaml
+          tokenizer_name_or_path: ./tok
+          data_path: ./data
+        generate_config:
+          infer_tensor_parallel_size: 2
+          enable_expert_parallel: true
+          expert_map_path: ./expert_map.json
+          eplb_token_collects: false
+          eplb_token_save_path: ./json_file
+        """)
+    config = load_config(msrl(text), check_data=False)
+    path = str(tmp_path / "expert_map.json")
+    assert config.generate_config.expert_map_path == path
+    said = [n for n in config.notices if n.startswith("generate_config.expert_map_path=")]
+    assert len(said) == 1 and "NPU only: passed to vLLM on NPU" in said[0]
+    assert "no files are written here" in notice(config, "generate_config.eplb_token_collects")
+    assert expert_map_kwargs(path, "npu") == {"additional_config": {"expert_map_path": path}}
+    assert expert_map_kwargs(path, "cpu") == {} == expert_map_kwargs(path, "cuda")
+    assert expert_map_kwargs(None, "npu") == {}
+    # a map places experts on vLLM's expert-parallel ranks: it needs them
+    text = str(error_of(load_config, msrl(text.replace("  enable_expert_parallel: true\n", "")),
+                        check_data=False))
+    assert text.startswith("generate_config.expert_map_path=")
+    assert "set enable_expert_parallel: true" in text
+
+
+# ---- MindSpeed-RL's own configs across its history (its git mirror) ----------------------
+
+MSRL = Path("/work/.mirror/Ascend+MindSpeed-RL/repo")
+
+# file @ commit -> the result of the dry run at its actor_resource.num_npus: "OK", or the
+# start of the refusal: one version of each format; every version of every file is in the
+# table of docs/config.md.
+HISTORY = {
+    # the separate-worker format (March and April 2025)
+    "grpo_trainer_qwen25_7b.yaml@a125bfd": "OK",      # its tokenizer left blank to fill in
+    "grpo_trainer_qwen25_7b.yaml@7531796": "OK",      # rule_reward false: a reward model
+    "grpo_trainer_qwen25_32b.yaml@94d79a0": "OK",     # a model yaml with training keys
+    "grpo_trainer_qwen25_32b.yaml@7531796": "OK",
+    "r1_zero_qwen25_7b.yaml@db53f97": "OK",
+    "r1_zero_qwen25_7b.yaml@1d725df": "OK",
+    "r1_zero_qwen25_32b.yaml@e91b96f": "OK",
+    # the integrated worker (May 2025): update_micro_batch_size, mini-batches beyond the batch
+    "r1_zero_qwen25_7b_integrated.yaml@6a5b469": "OK",
+    "grpo_qwen25_7b_integrated.yaml@12fdd5e": "OK",
+    "grpo_qwen25_7b_A2.yaml@b0ff6bb": "OK",
+    "grpo_trainer_qwen25_7b_A3.yaml@fea8ddc": "OK",
+    "ppo_qwen25_7b_integrated.yaml@923b148": "OK",
+    "ppo_qwen25_7b_A2.yaml@5c24078": "OK",
+    "ppo_qwen25_32b_integrated.yaml@923b148": "OK",
+    # DAPO's filter_groups_metric as a metric name; moe_intermediate_size in a model yaml
+    "dapo_qwen25_32b_A3.yaml@50d3d96": "OK",
+    "dapo_qwen3_30b_a3b_A3.yaml@b41f986": "OK",
+    "dapo_trainer_qwen25_32b_32k.yaml@e899876": "OK",
+    "dapo_qwen25_7b_A2_multi_turn.yaml@88bc30d": "OK",
+    "grpo_qwen3_235b_a22b_A2.yaml@4f551e3": "OK",
+    # refused: context parallelism, DeepSeek-V3, no data path
+    "dapo_qwen25_32b_A2_20k.yaml@6628b6e": "actor_config.context_parallel_size=2: cannot be "
+                                           "honoured here",
+    "grpo_trainer_deepseekv3_671b.yaml@e05a299": "deepseekv3_671b.multi_head_latent_attention"
+                                                 "=true: is an architecture not built here",
+    "grpo_trainer_qwen25_7b.yaml@8eddc32": "megatron_training.data_path=null: required key is "
+                                           "empty",
+    "grpo_trainer_llama32_1b.yaml@76d7796": "megatron_training.data_path: required key is "
+                                            "missing",
+}
+
+
+def _show(commit: str, path: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(MSRL), "show", f"{commit}:{path}"],
+                          capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+@pytest.mark.parametrize("entry", sorted(HISTORY))
+def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
+    """Their file unchanged, with their model yamls of the same commit, at their own
+    actor_resource.num_npus (pretrain_ppo.py's algorithm for ppo_*)."""
+    name, commit = entry.split("@")
+    text = _show(commit, f"configs/{name}")
+    for folder, into in (("configs/model", tmp_path / "model"),
+                         ("configs/tools", tmp_path / "configs" / "tools")):
+        into.mkdir(parents=True)
+        for item in (_show(commit, folder) or "").splitlines()[1:]:  # "tree ..." then names
+            if item.endswith(".yaml"):
+                (into / item).write_text(_show(commit, f"{folder}/{item}"))
+    (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    world = yaml.safe_load(text).get("rl_config", {}).get("actor_resource", {}).get("num_npus", 1)
+    algorithm = "ppo" if name.startswith("ppo_") else "grpo"
+    argv = ["--config", name, "--dry-run", "--world-size", str(world), "--algorithm", algorithm]
+    if HISTORY[entry] == "OK":
+        config = load_config(name, check_data=False, algorithm=algorithm)
+        make_plan(config, world)
+    else:
+        error = error_of(load_config, name, check_data=False, algorithm=algorithm)
+        assert HISTORY[entry] in str(error), str(error)
+    assert main(argv) == (0 if HISTORY[entry] == "OK" else 2)

@@ -150,7 +150,10 @@ def _continuation_body(hf_dir: str) -> dict:
     cut = engine.generate_stepwise(prompts, greedy, stop=lambda finished: True,
                                    check_every=8).completions
     engine.shutdown()
+    from torch._dynamo.utils import counters
+
     return {"whole": [g[0].token_ids for g in whole], "pieces": pieces,
+            "inductor": dict(counters["inductor"]),
             "whole_lp": [g[0].logprobs for g in whole], "pieces_lp": logprobs,
             "stepwise": [(g[0].token_ids, g[0].logprobs, g[0].finish_reason) for g in full],
             "cut": [(g[0].token_ids, g[0].logprobs, g[0].finish_reason) for g in cut],
@@ -164,6 +167,9 @@ def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
     r = run_on_ranks(_continuation_body, 1, tiny["model"])[0]
     assert r["pieces"] == r["whole"]
     assert any(len(w) > 8 for w in r["whole"])  # at least one response really continued
+    # vLLM's small compiled ops (the sampled token's log-prob rank) ran without inductor
+    # code generation on CPU (rollout/engine.py: _eager_small_compiles)
+    assert r["inductor"] == {}
     for a, b in zip(r["whole_lp"], r["pieces_lp"]):
         assert np.allclose(a, b, atol=1e-4)
     # step by step: the same tokens, log-probs and finish reasons as one generate call; a

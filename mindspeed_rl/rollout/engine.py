@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -244,10 +246,35 @@ def _prepare_process(model_dir: str, device_type: str, gpu_memory_utilization: f
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
                               str(_cpu_kv_cache_gib(gpu_memory_utilization, local)))
         _unique_cpu_shm_names()
+        _eager_small_compiles()
     if _ties_embeddings(model_dir):
         from mindspeed_rl.metrics.console import quiet_tied_lm_head
 
         quiet_tied_lm_head()
+
+
+# vLLM modules whose small ops are wrapped in torch.compile when they are imported.
+_SMALL_COMPILE_MODULES = ("vllm.v1.sample.ops.logprobs", "vllm.v1.sample.ops.topk_topp_sampler",
+                          "vllm.model_executor.layers.vocab_parallel_embedding",
+                          "vllm.model_executor.layers.fused_moe.utils")
+
+
+def _eager_small_compiles() -> None:
+    """vLLM wraps a few small ops (the sampler's count of log-probs above the sampled one,
+    random sampling, the vocab-parallel embedding mask, MoE helpers) in
+    ``torch.compile(backend=current_platform.simple_compile_backend)``, which on CPU is
+    inductor: 4-5 s of C++ code generation per process at the first sampled step (every
+    launch, every rank), for ops that take microseconds. ``enforce_eager`` does not cover
+    them. The ``eager`` backend keeps vLLM's code path (dynamo still traces, 0.15 s)
+    without the code generation. Must run before those modules are imported, since the
+    decorator reads the backend then."""
+    from vllm.platforms import current_platform
+
+    imported = [m for m in _SMALL_COMPILE_MODULES if m in sys.modules]
+    if imported and current_platform.simple_compile_backend != "eager":
+        warnings.warn(f"{imported} were imported before the rollout engine was set up: their "
+                      "ops compile with inductor (4-5 s at the first sampled step)")
+    current_platform.simple_compile_backend = "eager"
 
 
 def _fixed_engine_kwargs(device_type: str) -> dict:

@@ -10,4 +10,4 @@ VENV="${MSRL_VENV:-$ROOT/.venv}"
 export PYTHONUNBUFFERED=1
 # The import layers (pyproject.toml, [tool.importlinter]) first; a broken contract fails here.
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/lint-imports" --no-cache --no-logo
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q --durations=15 "$@"
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$@"

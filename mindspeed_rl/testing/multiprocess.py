@@ -8,8 +8,8 @@ stops every rank and raises with the failing rank's traceback, so a broken
 collective never hangs the test session.
 
 Ranks are forked from one forkserver per test session that has imported torch,
-megatron-core and transformers once (``PRELOAD``): a rank starts in well under a
-second instead of the 4-6 s a spawned interpreter spends importing them. Each rank
+megatron-core, transformers and vLLM's engine once (``PRELOAD``): a rank starts in well
+under a second instead of the 8-10 s a spawned interpreter spends importing them. Each rank
 is still a new process with no state of any earlier test (the server itself never
 runs a tensor op, builds a group or initialises megatron).
 """
@@ -33,7 +33,9 @@ from mindspeed_rl.parallel.ports import free_port
 # kernel, so no OpenMP pool exists before the fork (libgomp does not survive one).
 PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.parallel_state",
            "megatron.core.models.gpt", "transformers", "safetensors.torch",
-           "mindspeed_rl.testing.multiprocess"]
+           # vLLM's LLM class, not its model runner or sampler: those are imported when an
+           # engine is built, after rollout/engine.py has set their compile backend.
+           "vllm.entrypoints.llm", "mindspeed_rl.testing.multiprocess"]
 
 
 def _context() -> "mp.context.BaseContext":

@@ -56,6 +56,8 @@ LAYOUTS = {
 }
 # The run the resume test stops and resumes (it saves every iteration).
 RESUMED_LAYOUT = "tp2_to_tpg1"
+# The run that is also a job script's first launch (load = save, an empty folder).
+JOB_SCRIPT_LAYOUT = "pp2_to_tpg2"
 
 
 def layout_overrides(assets, layout: str) -> list[str]:
@@ -65,6 +67,13 @@ def layout_overrides(assets, layout: str) -> list[str]:
             "generate_config.sampling_config.temperature=0.7", *LAYOUTS[layout]]
 
 
+def job_script_folder(assets) -> tuple[str, str]:
+    """load = save, as a job script that relaunches itself sets them; empty at first."""
+    ckpt = assets["root"] / "ckpt_jobscript"
+    ckpt.mkdir(exist_ok=True)
+    return f"actor_config.load={ckpt}", f"actor_config.save={ckpt}"
+
+
 @pytest.fixture(scope="module")
 def layout_run(assets):
     """3 iterations at a layout, run once per module: (process, metrics rows)."""
@@ -72,9 +81,10 @@ def layout_run(assets):
 
     def run(layout: str):
         if layout not in done:
-            save = (["megatron_training.save_interval=1",
-                     f"actor_config.save={assets['root'] / 'ckpt_full'}"]
-                    if layout == RESUMED_LAYOUT else [])
+            save = {RESUMED_LAYOUT: ["megatron_training.save_interval=1",
+                                     f"actor_config.save={assets['root'] / 'ckpt_full'}"],
+                    JOB_SCRIPT_LAYOUT: ["megatron_training.save_interval=1",
+                                        *job_script_folder(assets)]}.get(layout, [])
             done[layout] = launch(assets, f"run_{layout}", "megatron_training.train_iters=3",
                                   *layout_overrides(assets, layout), *save)
         return done[layout]
@@ -139,24 +149,23 @@ def test_resume_reproduces_uninterrupted_run(assets, layout_run):
     assert AutoModelForCausalLM.from_pretrained(str(hf_out)).config.model_type == "qwen2"
 
 
-def test_job_script_folder_starts_then_resumes_past_a_damaged_latest(assets):
-    """load = save on every launch: the first starts from the model; when the latest
-    checkpoint is damaged the next resumes from the one before and says so."""
+def test_job_script_folder_starts_then_resumes_past_a_damaged_latest(assets, layout_run):
+    """load = save on every launch: the first (the PP=2 layout run) starts from the model;
+    when the latest checkpoint is damaged the next resumes from the one before and says so,
+    keeping the rows before it in metrics.jsonl and replacing those after it."""
     ckpt = assets["root"] / "ckpt_jobscript"
-    ckpt.mkdir()
-    same = (f"actor_config.load={ckpt}", f"actor_config.save={ckpt}")
-    first, _ = launch(assets, "jobscript", "megatron_training.train_iters=2",
-                      "megatron_training.save_interval=1", *same)
+    first, _ = layout_run(JOB_SCRIPT_LAYOUT)
     assert f"= {ckpt} holds no checkpoint yet, so the run starts from the model" in first.stdout
-    shard = sorted((ckpt / "iter_0000002").glob("*.distcp"))[0]
+    shard = sorted((ckpt / "iter_0000003").glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[:-10])
-    second, rows = launch(assets, "jobscript", "megatron_training.train_iters=3", *same)
+    second, rows = launch(assets, f"run_{JOB_SCRIPT_LAYOUT}", "megatron_training.train_iters=4",
+                          *layout_overrides(assets, JOB_SCRIPT_LAYOUT), *job_script_folder(assets))
     out = second.stdout + second.stderr
-    assert (f"resume: the latest checkpoint {ckpt / 'iter_0000002'} is damaged ({shard}: "
+    assert (f"resume: the latest checkpoint {ckpt / 'iter_0000003'} is damaged ({shard}: "
             "truncated") in out
-    assert f"resuming from {ckpt / 'iter_0000001'}, the newest one that verifies" in out
-    assert sorted(training_rows(rows)) == [1, 2, 3]
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert f"resuming from {ckpt / 'iter_0000002'}, the newest one that verifies" in out
+    assert sorted(training_rows(rows)) == [1, 2, 3, 4]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
 
 
 def test_exit_duration_stops_with_a_checkpoint_and_an_evaluation(assets):

@@ -45,15 +45,39 @@ def launch(assets, run: str, *overrides: str, launcher: str = "pretrain_ppo.py",
     return run_job(assets, run, *overrides, launcher=launcher, config=config, **kwargs)
 
 
-@pytest.mark.parametrize("layout", [
-    ["actor_config.tensor_model_parallel_size=2", "generate_config.infer_tensor_parallel_size=1"],
-    ["actor_config.tensor_model_parallel_size=1", "actor_config.pipeline_model_parallel_size=2",
-     "generate_config.infer_tensor_parallel_size=2"],
-], ids=["tp2_to_tpg1", "pp2_to_tpg2"])
-def test_ppo_iterations_complete_with_all_metrics(assets, layout):
-    name = "run_" + layout[0][-1] + layout[-1][-1]
-    proc, rows = launch(assets, name, f"megatron_training.test_data_path={assets['test']}",
-                        *layout)
+LAYOUTS = {
+    "tp2_to_tpg1": ["actor_config.tensor_model_parallel_size=2",
+                    "generate_config.infer_tensor_parallel_size=1"],
+    "pp2_to_tpg2": ["actor_config.tensor_model_parallel_size=1",
+                    "actor_config.pipeline_model_parallel_size=2",
+                    "generate_config.infer_tensor_parallel_size=2"],
+}
+# The layout run that saves every iteration: the resume test's uninterrupted run.
+RESUMED_LAYOUT = "tp2_to_tpg1"
+
+
+def layout_overrides(assets, name: str) -> list[str]:
+    return [f"megatron_training.test_data_path={assets['test']}", *LAYOUTS[name]]
+
+
+@pytest.fixture(scope="module")
+def layout_run(assets):
+    """3 iterations at a layout, run once per module: (process, metrics rows)."""
+    done = {}
+
+    def run(name: str):
+        if name not in done:
+            save = (["megatron_training.save_interval=1",
+                     f"actor_config.save={assets['root'] / 'ppo_full'}"]
+                    if name == RESUMED_LAYOUT else [])
+            done[name] = launch(assets, f"run_{name}", *layout_overrides(assets, name), *save)
+        return done[name]
+    return run
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_ppo_iterations_complete_with_all_metrics(layout_run, name):
+    proc, rows = layout_run(name)
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3]
     for it, row in train.items():
@@ -83,14 +107,15 @@ def test_ppo_iterations_complete_with_all_metrics(assets, layout):
            "-> old_log_p -> reference_model -> gae -> critic_update -> update" in proc.stdout
 
 
-def test_ppo_resume_reproduces_uninterrupted_run(assets):
-    """Stop after 2 of 3 iterations, resume: iteration 3 (actor and critic) is identical."""
+def test_ppo_resume_reproduces_uninterrupted_run(assets, layout_run):
+    """Stop after 2 of 3 iterations, resume: iteration 3 (actor and critic) is identical.
+    The uninterrupted run is the TP=2 layout run above, saving every iteration; the stopped
+    one is its checkpoint of iteration 2 (tests/torchrun_jobs.py: stopped_at)."""
+    _, full = layout_run(RESUMED_LAYOUT)
     full_ckpt, part_ckpt = assets["root"] / "ppo_full", assets["root"] / "ppo_part"
-    _, full = launch(assets, "full", "megatron_training.save_interval=1",
-                     f"actor_config.save={full_ckpt}")
     stopped_at(full_ckpt, 2, part_ckpt)
-    _, resumed = launch(assets, "part", f"actor_config.load={part_ckpt}",
-                        f"actor_config.save={part_ckpt}")
+    _, resumed = launch(assets, "part", *layout_overrides(assets, RESUMED_LAYOUT),
+                        f"actor_config.load={part_ckpt}", f"actor_config.save={part_ckpt}")
     full, resumed = training_rows(full), training_rows(resumed)
     assert sorted(resumed) == [3]
     for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/entropy",

@@ -57,7 +57,7 @@ def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
     assert lengths[int(0.99 * len(lengths))] / lengths[len(lengths) // 2] >= 8
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_long_tail.py"),
                            "--splits", "1", "2", "--iterations", "1", "--warmup", "0",
-                           "--max-tokens", "96", "--median", "8"],
+                           "--groups", "4", "--max-tokens", "48", "--median", "8"],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -65,10 +65,10 @@ def test_long_tail_workload_is_heavy_tailed_and_runs_side_by_side():
     for run in result["runs"].values():
         assert run["rollout_s_per_iteration"] > 0 and 0 < run["decode_occupancy"] <= 1
         # every N trains global_batch_size groups of n = 4 responses of at least one token
-        assert run["trained_tokens_per_iteration"] >= 8 * 4
+        assert run["trained_tokens_per_iteration"] >= 4 * 4
         assert run["cpu_steal_fraction"] is None or 0 <= run["cpu_steal_fraction"] <= 1
     # N = 1 runs one generate call per iteration: its steps are its longest response
-    assert 0 < result["runs"]["1"]["decode_steps_per_iteration"] <= 96
+    assert 0 < result["runs"]["1"]["decode_steps_per_iteration"] <= 48
 
 
 def test_decode_step_cost_is_measured_per_batch_and_fitted():

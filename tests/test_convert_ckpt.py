@@ -1,7 +1,10 @@
-"""tools/convert_ckpt.py and tools/check_parity.py as a user runs them (subprocesses)."""
+"""tools/convert_ckpt.py and tools/check_parity.py as a user runs them (subprocesses); the
+error paths of convert_ckpt.py call its main() in this process (the same argv, exit status,
+stdout and stderr; the successful conversions keep running the script itself)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -30,6 +33,39 @@ def _convert(load_type, save_type, load_dir, save_dir, *extra, timeout=300):
                 timeout=timeout)
 
 
+def _convert_tool():
+    """tools/convert_ckpt.py as a module (its main(argv) is the console entry point)."""
+    spec = importlib.util.spec_from_file_location("convert_ckpt_tool", CONVERT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def convert_main(capsys):
+    """``_convert`` through convert_ckpt.py's main() in this process: a CompletedProcess of
+    its exit status (a return value or SystemExit) and what it printed."""
+    tool = _convert_tool()
+
+    def run(load_type, save_type, load_dir, save_dir, *extra):
+        argv = ["--load-model-type", load_type, "--save-model-type", save_type,
+                "--load-dir", str(load_dir), "--save-dir", str(save_dir), "--no-progress", *extra]
+        return _main(tool, argv, capsys)
+
+    run.tool = tool
+    return run
+
+
+def _main(tool, argv, capsys):
+    capsys.readouterr()
+    try:
+        code = tool.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([CONVERT, *argv], code or 0, out, err)
+
+
 def _assert_failed_cleanly(proc, save_dir, *fragments):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -56,46 +92,46 @@ def tiny_llama(tmp_path_factory):
     return make_tiny_hf_dir("llama", tmp_path_factory.mktemp("hf") / "llama")
 
 
-def test_help_states_layout_independence():
-    out = _run(CONVERT, "--help").stdout
+def test_help_states_layout_independence(convert_main, capsys):
+    out = _main(convert_main.tool, ["--help"], capsys).stdout
     assert "any" in out and "TP/PP/EP" in out and "without reconversion" in out
 
 
-def test_missing_config_json(tiny_llama, tmp_path):
+def test_missing_config_json(tiny_llama, tmp_path, convert_main):
     src = tmp_path / "no_config"
     src.mkdir()
     shutil.copy(tiny_llama / "model.safetensors", src)
     save = tmp_path / "out"
-    _assert_failed_cleanly(_convert("hf", "mg", src, save), save, "config.json", "missing")
+    _assert_failed_cleanly(convert_main("hf", "mg", src, save), save, "config.json", "missing")
 
 
-def test_truncated_safetensors(tiny_llama, tmp_path):
+def test_truncated_safetensors(tiny_llama, tmp_path, convert_main):
     src = tmp_path / "truncated"
     shutil.copytree(tiny_llama, src)
     f = src / "model.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     save = tmp_path / "out"
-    proc = _convert("hf", "mg", src, save)
+    proc = convert_main("hf", "mg", src, save)
     _assert_failed_cleanly(proc, save, "model.safetensors", "truncated", "tensor 'model.")
 
 
-def test_shape_mismatch_between_checkpoint_and_config(tiny_llama, tmp_path):
+def test_shape_mismatch_between_checkpoint_and_config(tiny_llama, tmp_path, convert_main):
     src = tmp_path / "mismatch"
     shutil.copytree(tiny_llama, src)
     cfg = json.loads((src / "config.json").read_text())
     cfg["intermediate_size"] = 192  # the weights have 256
     (src / "config.json").write_text(json.dumps(cfg))
     save = tmp_path / "out"
-    proc = _convert("hf", "mg", src, save)
+    proc = convert_main("hf", "mg", src, save)
     _assert_failed_cleanly(proc, save, "model.safetensors", "'model.layers.0.mlp.gate_proj.weight'",
                            "[256, 128]", "[192, 128]")
 
 
-def test_convert_refuses_non_empty_save_dir(tiny_llama, tmp_path):
+def test_convert_refuses_non_empty_save_dir(tiny_llama, tmp_path, convert_main):
     save = tmp_path / "out"
     save.mkdir()
     (save / "keep.txt").write_text("mine")
-    proc = _convert("hf", "mg", tiny_llama, save)
+    proc = convert_main("hf", "mg", tiny_llama, save)
     assert proc.returncode == 1 and "--overwrite" in proc.stderr
     assert [p.name for p in save.iterdir()] == ["keep.txt"]
 
@@ -219,14 +255,14 @@ def test_legacy_checkpoint_loads_at_another_layout(legacy_qwen2):
     assert diffs[0] < 1e-4, diffs   # fused QKV and gate/up shards reassembled exactly
 
 
-def test_convert_legacy_checkpoint_to_hf(legacy_qwen2, tmp_path):
+def test_convert_legacy_checkpoint_to_hf(legacy_qwen2, tmp_path, convert_main):
     hf_dir, load = legacy_qwen2
     out = tmp_path / "hf"
     proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_hf_weights(hf_dir, out)
     # without the architecture: one clear error
-    proc = _convert("mg", "hf", load, tmp_path / "hf2")
+    proc = convert_main("mg", "hf", load, tmp_path / "hf2")
     _assert_failed_cleanly(proc, tmp_path / "hf2", "no config.json", "--hf-config-dir")
 
 

@@ -35,9 +35,31 @@ def assets(tmp_path_factory):
             "data": root / "train.jsonl"}
 
 
-def _grpo(assets, run, *overrides, check=True):
+def _grpo(assets, run, *overrides, check=True, env=None):
     return run_job(assets, run, *DAPO, *overrides, launcher="pretrain_grpo.py", config=CONFIG,
-                   check=check)
+                   check=check, env=env)
+
+
+@pytest.fixture(scope="module")
+def full_run(assets):
+    """Three DAPO iterations saving from iteration 2 (fp32, healthy weight sync): the
+    uninterrupted run of the resume test and the healthy run of the log-prob test."""
+    full_ckpt = assets["root"] / "ckpt_full"
+    _, rows = _grpo(assets, "full", "megatron_training.train_iters=3",
+                    "megatron_training.save_interval=2", f"actor_config.save={full_ckpt}")
+    return full_ckpt, training_rows(rows)
+
+
+@pytest.fixture(scope="module")
+def fill_run_on_stale_weights(assets):
+    """One iteration, a single round short of informative groups and filled
+    (filter_groups_shortfall=fill), with one layer's MLP left out of the weight push: the
+    fill run of the shortfall test and the broken run of the log-prob test (one launch)."""
+    proc, rows = _grpo(assets, "fill", "megatron_training.train_iters=1",
+                       "rl_config.max_num_gen_batches=1", "megatron_training.global_batch_size=8",
+                       "rl_config.mini_batch_size=4", "rl_config.filter_groups_shortfall=fill",
+                       env={"MINDSPEED_RL_INJECT_STALE_WEIGHTS": r"layers\.1\.mlp\."})
+    return proc, training_rows(rows)
 
 
 def _traces(assets, run) -> dict[int, list[dict]]:
@@ -46,11 +68,8 @@ def _traces(assets, run) -> dict[int, list[dict]]:
             for p in sorted(folder.glob("rank*.jsonl"))}
 
 
-def test_dynamic_sampling_collects_exactly_the_batch_and_resumes(assets):
-    full_ckpt = assets["root"] / "ckpt_full"
-    _, rows = _grpo(assets, "full", "megatron_training.train_iters=3",
-                    "megatron_training.save_interval=2", f"actor_config.save={full_ckpt}")
-    train = training_rows(rows)
+def test_dynamic_sampling_collects_exactly_the_batch_and_resumes(assets, full_run):
+    full_ckpt, train = full_run
     assert sorted(train) == [1, 2, 3]
     rounds = [train[i]["dynamic_sampling/num_gen_batches"] for i in (1, 2, 3)]
     assert max(rounds) >= 2, rounds  # at least one iteration needed more prompts
@@ -82,30 +101,25 @@ def test_dynamic_sampling_collects_exactly_the_batch_and_resumes(assets):
         assert resumed[3][key] == pytest.approx(train[3][key], rel=1e-6, abs=1e-9), key
 
 
-def test_too_few_informative_groups_stop_or_fill(assets):
+def test_too_few_informative_groups_stop_or_fill(assets, fill_run_on_stale_weights):
     proc, _ = _grpo(assets, "short", "megatron_training.train_iters=1",
                     "rl_config.max_num_gen_batches=1", "megatron_training.global_batch_size=8",
                     "rl_config.mini_batch_size=4", check=False)
     assert proc.returncode != 0
     assert "dynamic sampling:" in proc.stderr and "informative groups after " \
            "max_num_gen_batches=1 rounds" in proc.stderr
-    proc, rows = _grpo(assets, "fill", "megatron_training.train_iters=1",
-                       "rl_config.max_num_gen_batches=1", "megatron_training.global_batch_size=8",
-                       "rl_config.mini_batch_size=4", "rl_config.filter_groups_shortfall=fill")
+    proc, train = fill_run_on_stale_weights
     assert "continuing with" in proc.stdout and "uninformative groups" in proc.stdout
-    row = training_rows(rows)[1]
+    row = train[1]
     assert row["dynamic_sampling/num_gen_batches"] == 1
 
 
-def test_logprob_mismatch_shows_a_broken_weight_sync(assets):
+def test_logprob_mismatch_shows_a_broken_weight_sync(full_run, fill_run_on_stale_weights):
     """Healthy fp32: vLLM's log-probs equal megatron's within 1e-3. With one layer's MLP left
-    out of the weight push (vLLM keeps its placeholder weights there) the metric jumps."""
-    plain = ["megatron_training.train_iters=1", "rl_config.filter_groups_enable=false"]
-    _, healthy = _grpo(assets, "healthy", *plain)
-    _, broken = run_job(assets, "stale", *DAPO, *plain, launcher="pretrain_grpo.py",
-                        config=CONFIG,
-                        env={"MINDSPEED_RL_INJECT_STALE_WEIGHTS": r"layers\.1\.mlp\."})
-    assert training_rows(healthy)[1]["rollout/logprob_abs_diff_max"] < 1e-3
-    assert training_rows(broken)[1]["rollout/logprob_abs_diff_max"] > 0.1
-    assert training_rows(broken)[1]["rollout/logprob_abs_diff_mean"] > \
-        10 * training_rows(healthy)[1]["rollout/logprob_abs_diff_mean"]
+    out of the weight push (vLLM keeps its placeholder weights there) the metric jumps.
+    (The healthy run is the dynamic-sampling run, the broken one the shortfall-fill run.)"""
+    healthy, broken = full_run[1], fill_run_on_stale_weights[1]
+    assert healthy[1]["rollout/logprob_abs_diff_max"] < 1e-3
+    assert broken[1]["rollout/logprob_abs_diff_max"] > 0.1
+    assert broken[1]["rollout/logprob_abs_diff_mean"] > \
+        10 * healthy[1]["rollout/logprob_abs_diff_mean"]

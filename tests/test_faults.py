@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def assets(tmp_path_factory):
             "data": root / "train.jsonl"}
 
 
-_running: list["Job"] = []
+_running: list["Job"] = []  # the current test's jobs
+_started: list["Job"] = []  # every job of the module (Launches counts the busy ones)
 
 
 @pytest.fixture(autouse=True)
@@ -63,28 +65,41 @@ def _no_job_outlives_its_test():
 class Job:
     """A launched job: its output lines with arrival times, and its end."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, marker: str):
-        _running.append(self)
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, marker: str,
+                 mine: bool = True):
+        if mine:  # else the module's until a test takes it (Launches)
+            _running.append(self)
+        _started.append(self)
         self.marker = marker
         self.start = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.lines: list[tuple[float, str]] = []
+        self.fault_fired = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append((time.monotonic() - self.start, line.rstrip("\n")))
+            self.fault_fired = self.fault_fired or "[fault injection]" in line
+        self.output_ended = time.monotonic()  # (its test may wait for it later)
+
+    def busy(self) -> bool:
+        """Still working: not ended, and no injected fault yet (after one, the job mostly
+        waits: for the collective timeout, torchrun's teardown)."""
+        return self.proc.poll() is None and not self.fault_fired
 
     def wait(self, timeout: float = JOB_BOUND_S) -> int:
+        """The exit status; ``timeout`` counts from the job's start (a job the module
+        started ahead of its test has been running meanwhile)."""
         try:
-            rc = self.proc.wait(timeout=timeout)
+            rc = self.proc.wait(timeout=max(1.0, self.start + timeout - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError(f"job did not end within {timeout} s:\n" + self.text[-4000:])
         self._reader.join(timeout=10)
-        self.elapsed = time.monotonic() - self.start
+        self.elapsed = getattr(self, "output_ended", time.monotonic()) - self.start
         return rc
 
     def kill_tree(self) -> None:
@@ -126,9 +141,10 @@ class Job:
 
 
 def start(assets, name: str, *overrides: str, inject: str | None = None,
-          torchrun_args: tuple[str, ...] = ("--nproc_per_node", "2")) -> Job:
+          torchrun_args: tuple[str, ...] = ("--nproc_per_node", "2"), mine: bool = True) -> Job:
     """A 2-rank job; with ``inject`` the collective timeout is TIMEOUT_S, else generous (a
-    busy machine must not turn a slow rank into a false fault)."""
+    busy machine must not turn a slow rank into a false fault). ``mine``: the calling
+    test's (else the module's until a test takes it: Launches)."""
     run_dir = assets["root"] / name
     cmd = [sys.executable, "-m", "mindspeed_rl.fault.torchrun", *torchrun_args,
            str(ROOT / "pretrain_grpo.py"), "--config", str(CONFIG),
@@ -141,7 +157,8 @@ def start(assets, name: str, *overrides: str, inject: str | None = None,
     env.pop("MINDSPEED_RL_FAULT_INJECT", None)
     if inject:
         env["MINDSPEED_RL_FAULT_INJECT"] = inject
-    return Job(cmd, env, assets["root"], marker=str(run_dir))
+    # Every rank's command line holds its log folder, and no other job's does.
+    return Job(cmd, env, assets["root"], marker=f"log_dir={run_dir / 'logs'}", mine=mine)
 
 
 def rows(assets, name: str) -> dict[int, dict]:
@@ -159,10 +176,146 @@ def assert_same_iteration(a: dict, b: dict) -> None:
         assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
 
 
+# At most this many jobs work at once (each has 2 ranks; the machine may have 2 cores): a
+# job whose injected fault fired only waits (for the collective timeout, for torchrun's
+# teardown) and does not count, so the next job's work overlaps that wait.
+BUSY_MAX = 2
+HUNG_PHASES = ("rollout", "resharding_to_infer", "reference_model", "update")
+
+
+class Launches:
+    """The module's jobs, started ahead of the tests that assert on them, in the order the
+    tests take them: the next one starts while fewer than BUSY_MAX jobs are busy
+    (:meth:`Job.busy`) and the launch it comes ``after`` has ended. A test that takes a
+    launch not started yet starts it at once. What a test takes is its own from then on
+    (killed when the test ends); :meth:`close` kills what no test took."""
+
+    def __init__(self, plan: list[tuple[str, str | None, object]]):
+        self._plan = list(plan)  # (name, after, start: () -> list[Job])
+        self._jobs: dict[str, list[Job]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _start_next(self, name: str | None = None) -> None:
+        """Start the first launch whose ``after`` has ended (``name``: only that one)."""
+        with self._lock:
+            for item in self._plan:
+                launch, after, starter = item
+                if (name in (None, launch) and (after is None or after in self._jobs and all(
+                        job.proc.poll() is not None for job in self._jobs[after]))):
+                    self._plan.remove(item)
+                    self._jobs[launch] = []  # stays empty if the start fails
+                    self._jobs[launch] = starter()
+                    return
+
+    def _run(self) -> None:
+        while self._plan and not self._closed:
+            if sum(job.busy() for job in _started) < BUSY_MAX:
+                self._start_next()
+            time.sleep(0.2)
+
+    def take(self, name: str) -> list[Job]:
+        deadline = time.monotonic() + 2 * JOB_BOUND_S
+        while name not in self._jobs:
+            assert any(item[0] == name for item in self._plan), f"{name} is not planned"
+            assert time.monotonic() < deadline, f"{name} did not start"
+            self._start_next(name)
+            time.sleep(0.2)
+        with self._lock:
+            jobs = self._jobs[name]
+        assert jobs, f"{name} failed to start"
+        _running.extend(jobs)
+        return jobs
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join()
+        with self._lock:
+            for jobs in self._jobs.values():
+                for job in jobs:
+                    job.kill_tree()
+
+
+def _start_preempted(assets) -> list[Job]:
+    """The preemption job, and a thread that sends torchrun SIGTERM (as a scheduler does)
+    as soon as the first iteration is logged (``job.signalled``: when)."""
+    ckpt = assets["root"] / "preempt" / "ckpt"
+    job = start(assets, "preempt", "megatron_training.train_iters=50",
+                f"actor_config.save={ckpt}", mine=False)
+    job.signalled = None
+    metrics = assets["root"] / "preempt" / "logs" / "metrics.jsonl"
+
+    def signal_after_first_iteration():
+        while job.proc.poll() is None:
+            if metrics.is_file() and '"timing/all"' in metrics.read_text():
+                job.signalled = time.monotonic()
+                job.proc.send_signal(signal.SIGTERM)
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=signal_after_first_iteration, daemon=True).start()
+    return [job]
+
+
+def _start_refused_loads(assets) -> list[Job]:
+    """Two loads of the disk-full job's checkpoint that must be refused at start-up: with
+    the other optimizer layout, and from a copy with a truncated shard."""
+    ckpt = assets["root"] / "enospc" / "ckpt"
+    damaged = assets["root"] / "enospc_resume" / "ckpt"
+    shutil.copytree(ckpt, damaged)
+    shard = sorted((damaged / "iter_0000001").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    # Optimizer state has no conversion between sharded and unsharded layouts.
+    flipped = start(assets, "enospc_flip", f"actor_config.load={ckpt}",
+                    "megatron_training.use_distributed_optimizer=false", mine=False)
+    bad = start(assets, "enospc_resume", f"actor_config.load={damaged}", mine=False)
+    bad.shard = shard
+    return [flipped, bad]
+
+
 @pytest.fixture(scope="module")
-def reference_job(assets):
+def launches(request, assets):
+    """Every job the selected tests of this module assert on, planned at the first of them
+    (dependent runs, which need a test's assertions first, are started by their tests)."""
+    def job(name, *overrides, inject=None):
+        return lambda: [start(assets, name, *overrides, inject=inject, mine=False)]
+
+    ckpt = assets["root"] / "hang_ckpt" / "ckpt"
+    enospc = assets["root"] / "enospc" / "ckpt"
+    # The plan's order is the order of the tests, but for the longest chain, hang_ckpt and
+    # its resume, first (a launch a test takes before the plan reaches it starts at once).
+    plan = [  # (name, after, start, the tests that take it)
+        ("hang_ckpt", None, job("hang_ckpt", "megatron_training.save_interval=1",
+                                f"actor_config.save={ckpt}", inject="checkpoint:1:2"),
+         {"test_hung_rank_in_checkpoint_save_then_resume_reproduces"}),
+        ("reference", None, job("reference", "megatron_training.train_iters=4"),
+         {"test_console_shows_iterations_not_noise",
+          "test_hung_rank_in_checkpoint_save_then_resume_reproduces",
+          "test_sigterm_saves_a_checkpoint_and_exits_zero"}),
+        *((f"hang_{phase}", None, job(f"hang_{phase}", "megatron_training.train_iters=1",
+                                      inject=f"{phase}:1"),
+           {f"test_hung_rank_ends_the_job_with_one_line[{phase}]"}) for phase in HUNG_PHASES),
+        ("enospc", None, job("enospc", "megatron_training.save_interval=1",
+                             f"actor_config.save={enospc}",
+                             inject="checkpoint_write:1:2:enospc"),
+         {"test_disk_full_during_save_keeps_the_previous_checkpoint"}),
+        ("refused_loads", "enospc", lambda: _start_refused_loads(assets),
+         {"test_disk_full_during_save_keeps_the_previous_checkpoint"}),
+        ("preempt", None, lambda: _start_preempted(assets),
+         {"test_sigterm_saves_a_checkpoint_and_exits_zero"}),
+    ]
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    launches = Launches([entry[:3] for entry in plan if entry[3] & selected])
+    yield launches
+    launches.close()
+
+
+@pytest.fixture(scope="module")
+def reference_job(launches):
     """The uninterrupted run: 4 iterations."""
-    job = start(assets, "reference", "megatron_training.train_iters=4")
+    job, = launches.take("reference")
     assert job.wait() == 0, job.text[-4000:]
     return job
 
@@ -186,12 +339,11 @@ def test_console_shows_iterations_not_noise(reference_job):
 # ---------------------------------------------------------------------------------------
 # a hung rank
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("phase", ["rollout", "resharding_to_infer", "reference_model", "update"])
-def test_hung_rank_ends_the_job_with_one_line(assets, phase):
+@pytest.mark.parametrize("phase", HUNG_PHASES)
+def test_hung_rank_ends_the_job_with_one_line(launches, phase):
     """Rank 1 stops (SIGSTOP) on entering ``phase``; rank 0 reports within the timeout,
     naming its own phase and the stopped rank's, and torchrun ends the job."""
-    job = start(assets, f"hang_{phase}", "megatron_training.train_iters=1",
-                inject=f"{phase}:1")
+    job, = launches.take(f"hang_{phase}")
     rc = job.wait()
     print(f"\n[{phase}] job ended after {job.elapsed:.1f} s")
     assert rc == 1, job.text[-4000:]
@@ -207,12 +359,11 @@ def test_hung_rank_ends_the_job_with_one_line(assets, phase):
     job.assert_nothing_left()
 
 
-def test_hung_rank_in_checkpoint_save_then_resume_reproduces(assets, reference):
+def test_hung_rank_in_checkpoint_save_then_resume_reproduces(assets, launches, reference):
     """Rank 1 stops in the save of iteration 2: no half-written checkpoint, ``latest`` names
     iteration 1, and resuming from it reproduces the uninterrupted iteration 2."""
     ckpt = assets["root"] / "hang_ckpt" / "ckpt"
-    job = start(assets, "hang_ckpt", "megatron_training.save_interval=1",
-                f"actor_config.save={ckpt}", inject="checkpoint:1:2")
+    job, = launches.take("hang_ckpt")
     assert job.wait() == 1, job.text[-4000:]
     _, line = job.first(r"^pretrain_grpo\.py: error: rank 0: ")
     assert "phase 'checkpoint' of iteration 2" in line and "not responding: rank 1" in line
@@ -232,12 +383,11 @@ def test_hung_rank_in_checkpoint_save_then_resume_reproduces(assets, reference):
 # ---------------------------------------------------------------------------------------
 # a full disk during a save
 # ---------------------------------------------------------------------------------------
-def test_disk_full_during_save_keeps_the_previous_checkpoint(assets):
+def test_disk_full_during_save_keeps_the_previous_checkpoint(assets, launches):
     from mindspeed_rl.checkpoint import verify_checkpoint
 
     ckpt = assets["root"] / "enospc" / "ckpt"
-    job = start(assets, "enospc", "megatron_training.save_interval=1",
-                f"actor_config.save={ckpt}", inject="checkpoint_write:1:2:enospc")
+    job, = launches.take("enospc")
     assert job.wait() == 2, job.text[-4000:]
     line = job.last_line()
     assert line.startswith("pretrain_grpo.py: error: ")
@@ -249,9 +399,9 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(assets):
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000001"]
     verify_checkpoint(ckpt / "iter_0000001")  # whole: every file as its manifest says
 
-    # Optimizer state has no conversion between sharded and unsharded layouts.
-    flipped = start(assets, "enospc_flip", f"actor_config.load={ckpt}",
-                    "megatron_training.use_distributed_optimizer=false")
+    # Then (_start_refused_loads) two loads of it, refused at start-up. Optimizer state
+    # has no conversion between sharded and unsharded layouts:
+    flipped, bad = launches.take("refused_loads")
     assert flipped.wait() == 2, flipped.text[-4000:]
     assert flipped.last_line() == (
         f"pretrain_grpo.py: error: {ckpt / 'iter_0000001'}: its optimizer state was saved with "
@@ -261,33 +411,27 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(assets):
         "actor_config.no_load_optim: true to keep the weights and start a fresh optimizer")
     flipped.assert_nothing_left()
 
-    # A damaged checkpoint is refused at start-up with the file named.
-    shard = sorted((ckpt / "iter_0000001").glob("*.distcp"))[0]
-    shard.write_bytes(shard.read_bytes()[:100])
-    bad = start(assets, "enospc_resume", f"actor_config.load={ckpt}")
+    # A damaged checkpoint (a copy of it with a truncated shard) is refused at start-up
+    # with the file named.
     assert bad.wait() == 2, bad.text[-4000:]
-    assert f"{shard}: truncated: 100 bytes" in bad.last_line()
+    assert f"{bad.shard}: truncated: 100 bytes" in bad.last_line()
     bad.assert_nothing_left()
 
 
 # ---------------------------------------------------------------------------------------
 # preemption
 # ---------------------------------------------------------------------------------------
-def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, reference):
-    """SIGTERM to torchrun (as a scheduler sends it): the ranks agree at the next iteration
-    boundary, save, and the job exits 0; the checkpoint resumes to the reference numbers."""
+def test_sigterm_saves_a_checkpoint_and_exits_zero(assets, launches, reference):
+    """SIGTERM to torchrun (as a scheduler sends it) once the first iteration is logged
+    (_start_preempted): the ranks agree at the next iteration boundary, save, and the job
+    exits 0; the checkpoint resumes to the reference numbers."""
     ckpt = assets["root"] / "preempt" / "ckpt"
-    job = start(assets, "preempt", "megatron_training.train_iters=50",
-                f"actor_config.save={ckpt}")
-    metrics = assets["root"] / "preempt" / "logs" / "metrics.jsonl"
-    deadline = time.monotonic() + JOB_BOUND_S
-    while not (metrics.is_file() and '"timing/all"' in metrics.read_text()):
-        assert job.proc.poll() is None and time.monotonic() < deadline, job.text[-4000:]
-        time.sleep(0.2)
-    signalled = time.monotonic()
-    job.proc.send_signal(signal.SIGTERM)
-    assert job.wait() == 0, job.text[-4000:]
-    print(f"\nexited {time.monotonic() - signalled:.1f} s after SIGTERM")
+    job, = launches.take("preempt")
+    rc = job.wait()
+    signalled = job.signalled
+    assert signalled is not None, "ended before its first iteration:\n" + job.text[-4000:]
+    assert rc == 0, job.text[-4000:]
+    print(f"\nexited {job.start + job.elapsed - signalled:.1f} s after SIGTERM")
     for t, line in job.lines:
         if t >= signalled - job.start:
             print(f"  +{t - (signalled - job.start):5.1f} s {line[:160]}")
@@ -314,7 +458,11 @@ dist.init_process_group("gloo", timeout=timedelta(seconds=120))
 preemption.install(120)
 print(f"ready {dist.get_rank()} {os.getpid()}", flush=True)
 if dist.get_rank() == 1:
-    time.sleep(8)  # never joins the barrier: rank 0 waits inside a C++ collective
+    # Never joins the barrier (rank 0 waits inside a C++ collective); leaves when torchrun
+    # stops it after rank 0 exited.
+    deadline = time.monotonic() + 60
+    while not preemption.requested and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(0)
 dist.barrier()
 """
@@ -352,7 +500,11 @@ def test_second_sigterm_exits_at_once_even_inside_a_collective(tmp_path):
 def test_two_node_job_with_a_killed_rank_ends_with_one_line_per_node(assets):
     """Two torchrun agents on one host (a c10d rendezvous on localhost), one rank each; rank 0
     SIGKILLs itself in the rollout. Both nodes end within seconds; each ends with one line
-    and no agent traceback (RendezvousConnectionError, ChildFailedError)."""
+    and no agent traceback (RendezvousConnectionError, ChildFailedError).
+
+    Not one of the module's Launches: run alongside other jobs, the surviving node's
+    ``mindspeed_rl-peers`` thread (fault/phases.py PhaseTracker.peers) printed a
+    traceback twice in two runs (the store it reads died with node 0's agent mid-read)."""
     port = free_port()
     jobs = [start(assets, "two_nodes", inject="rollout:0::kill", torchrun_args=(
         "--nnodes", "2", "--node_rank", str(n), "--nproc_per_node", "1", "--rdzv_backend",

@@ -500,11 +500,7 @@ def test_second_sigterm_exits_at_once_even_inside_a_collective(tmp_path):
 def test_two_node_job_with_a_killed_rank_ends_with_one_line_per_node(assets):
     """Two torchrun agents on one host (a c10d rendezvous on localhost), one rank each; rank 0
     SIGKILLs itself in the rollout. Both nodes end within seconds; each ends with one line
-    and no agent traceback (RendezvousConnectionError, ChildFailedError).
-
-    Not one of the module's Launches: run alongside other jobs, the surviving node's
-    ``mindspeed_rl-peers`` thread (fault/phases.py PhaseTracker.peers) printed a
-    traceback twice in two runs (the store it reads died with node 0's agent mid-read)."""
+    and no agent traceback (RendezvousConnectionError, ChildFailedError)."""
     port = free_port()
     jobs = [start(assets, "two_nodes", inject="rollout:0::kill", torchrun_args=(
         "--nnodes", "2", "--node_rank", str(n), "--nproc_per_node", "1", "--rdzv_backend",

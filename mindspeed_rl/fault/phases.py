@@ -177,29 +177,36 @@ class PhaseTracker:
     def peers(self, watch_s: float | None = None, deadline_s: float = 10.0) -> list[PeerState]:
         """Every other rank's published state; ``responding`` from watching the heartbeats
         for ``watch_s`` (default 2.5 heartbeats). Empty when the store cannot be read
-        within ``deadline_s`` (its host died with a node)."""
+        within ``deadline_s`` or its host dies during the read (it lives in a node's
+        torchrun agent, which ends with that node)."""
         if self._store is None:
             return []
         watch_s = 2.5 * self.heartbeat_s if watch_s is None else watch_s
         result: list[PeerState] = []
+        lost: list[Exception] = []
 
         def read() -> None:
             store, others = self._store, [r for r in range(self.world_size) if r != self.rank]
-            known = [r for r in others if store.check([f"beat/{r}"])]
-            before = {r: store.add(f"beat/{r}", 0) for r in known}
-            time.sleep(watch_s)
-            for r in known:
-                text = store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "0|?"
-                iteration, _, phase = text.partition("|")
-                host, _, pid = (store.get(f"host/{r}").decode() if store.check([f"host/{r}"])
-                                else "?|0").partition("|")
-                result.append(PeerState(r, int(iteration), phase,
-                                        store.add(f"beat/{r}", 0) != before[r], host, int(pid)))
+            try:
+                known = [r for r in others if store.check([f"beat/{r}"])]
+                before = {r: store.add(f"beat/{r}", 0) for r in known}
+                time.sleep(watch_s)
+                for r in known:
+                    text = (store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"])
+                            else "0|?")
+                    iteration, _, phase = text.partition("|")
+                    host, _, pid = (store.get(f"host/{r}").decode()
+                                    if store.check([f"host/{r}"]) else "?|0").partition("|")
+                    result.append(PeerState(r, int(iteration), phase,
+                                            store.add(f"beat/{r}", 0) != before[r], host,
+                                            int(pid)))
+            except Exception as error:  # noqa: BLE001 - the store's host died mid-read
+                lost.append(error)
 
         reader = threading.Thread(target=read, name="mindspeed_rl-peers", daemon=True)
         reader.start()
         reader.join(deadline_s + watch_s)
-        return result if not reader.is_alive() else []
+        return result if not reader.is_alive() and not lost else []
 
 
 tracker = PhaseTracker()

@@ -158,10 +158,15 @@ def _separate_workers(rl: Any, problems: list) -> bool:
         return False
     integrated = rl.get("use_integrated_worker")
     if integrated is not None and not isinstance(integrated, bool):
-        problems.append(ConfigError("rl_config.use_integrated_worker", "expected true or false",
-                                    "e.g. use_integrated_worker: true", value=integrated))
+        problems.append(_not_a_flag("rl_config.use_integrated_worker", integrated))
         return False
     return integrated is False or (integrated is None and any(_has(rl, k) for k in _RESOURCES))
+
+
+def _not_a_flag(dotted: str, value: Any) -> ConfigError:
+    """A MindSpeed-RL switch given something other than true or false."""
+    return ConfigError(dotted, "expected true or false",
+                       f"e.g. {dotted.rsplit('.', 1)[-1]}: true", value=value)
 
 
 def _has(section: Any, key: str) -> bool:
@@ -533,8 +538,7 @@ def _translate_history(out: Normalised, problems: list, translated: dict) -> Non
     if rule is not None:
         dotted, value = rule
         if not isinstance(value, bool):
-            problems.append(ConfigError(dotted, "expected true or false", "e.g. rule_reward: "
-                                        "true", value=value))
+            problems.append(_not_a_flag(dotted, value))
         elif not value:
             if "reward_config" not in out.written or "reward_config" in out.dropped_sections:
                 problems.append(ConfigError(dotted, "leaves no reward: no rule verifiers and no "
@@ -583,8 +587,7 @@ def _translate(out: Normalised, problems: list, translated: dict) -> None:
     if extend is not None:
         dotted, value = extend
         if not isinstance(value, bool):
-            problems.append(ConfigError(dotted, "expected true or false", "e.g. "
-                                        "moe_tp_extend_ep: true", value=value))
+            problems.append(_not_a_flag(dotted, value))
         elif value:
             tp = actor.get("tensor_model_parallel_size", 1)
             ep = actor.get("expert_model_parallel_size", 1)

@@ -20,6 +20,7 @@ import yaml
 from mindspeed_rl.config import ConfigError, load_config, main, make_plan
 from mindspeed_rl.config.checks import packing_budgets
 from mindspeed_rl.config.errors import ConfigErrors
+from test_mindspeed_rl_config import error_of  # (tests/ is on sys.path: conftest.py)
 
 # MindSpeed-RL's model yaml of March 2025 (Megatron names under the model name, no
 # norm_epsilon, and training keys its loader merged into the job's Megatron settings).
@@ -252,12 +253,6 @@ def msrl(tmp_path, monkeypatch):
         return path
 
     return write
-
-
-def error_of(fn, *args, **kwargs) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        fn(*args, **kwargs)
-    return info.value
 
 
 def notice(config, start: str) -> str:

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from mindspeed_rl.tools import ToolCall, ToolPool, load_tool_config
-from mindspeed_rl.tools.sandbox import TMPFS_BYTES, sandbox_problem
+from mindspeed_rl.tools.sandbox import TMPFS_BYTES, Sandbox, sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "configs" / "tools" / "code_interpreter.yaml"
@@ -287,13 +287,17 @@ def test_14_cannot_write_the_callers_memory(pool):
 # ---- 15-17: the project and its virtualenv --------------------------------------------------
 
 def test_15_cannot_import_the_project(pool):
+    # the project tree, the virtualenv (CI's lies inside the tree) and the folder the
+    # interpreter is installed in (often a home directory) are all host paths: none shows
+    hidden = [str(ROOT), sys.prefix, os.path.realpath(sys.base_prefix)]
     result = run(pool, f"""
         import os, sys
         sys.path.insert(0, {str(ROOT)!r})
-        print("tree visible:", os.path.exists({str(ROOT)!r}))
+        print("visible:", [p for p in {hidden!r} if os.path.exists(p)])
         import mindspeed_rl
     """)
-    assert "tree visible: False" in result.text
+    assert "visible: []" in result.text, \
+        Sandbox.build(pool.specs["code_interpreter"].site_packages).bind_args
     assert "ModuleNotFoundError: No module named 'mindspeed_rl'" in result.text
 
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 import time
@@ -30,6 +31,7 @@ from mindspeed_rl.tools import (CodeInterpreter, SandboxFusionClient, ToolCall, 
                                 tool_system_prompt, truncate)
 from mindspeed_rl.tools.config import CODE_INTERPRETER
 from mindspeed_rl.tools.retool_code import prepare_code
+from mindspeed_rl.tools.sandbox import RUNTIME_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 RETOOL_YAML = ROOT / "configs" / "tools" / "retool_config.yaml"
@@ -385,9 +387,15 @@ def test_environment_is_scrubbed_and_workdir_removed(monkeypatch, sandboxed):
     assert result.ok, result.text
     seen = json.loads(result.text)
     assert "hunter2" not in result.text
+    # in the sandbox: PWD (bwrap's --chdir sets it) and, for a Python built with a shared
+    # libpython, LD_LIBRARY_PATH naming where the sandbox shows it
+    shared = sandboxed and sysconfig.get_config_var("Py_ENABLE_SHARED")
     assert set(seen["env"]) == {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "OMP_NUM_THREADS",
                                 "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"} | (
-                                    {"PWD"} if sandboxed else set())  # bwrap's --chdir sets it
+                                    {"PWD"} if sandboxed else set()) | (
+                                    {"LD_LIBRARY_PATH"} if shared else set())
+    if shared:
+        assert seen["env"]["LD_LIBRARY_PATH"].startswith(RUNTIME_DIR)
     assert seen["env"]["PATH"] == "/usr/bin:/bin" and seen["env"]["HOME"] == seen["cwd"]
     if sandboxed:  # a private tmpfs, gone with the sandbox: the host's /tmp is untouched
         assert seen["cwd"] == "/tmp" and not os.path.exists("/tmp/scratch.txt")

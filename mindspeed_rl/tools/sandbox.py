@@ -9,7 +9,7 @@ of Flatpak) with:
   (``--die-with-parent``), and with its PID namespace every process the code started;
 - a file system of its own: a read-only root holding only the system's shared libraries
   (``/usr/lib*``), the Python runtime (the interpreter, its standard library and
-  ``libpython``), the packages the tool config allows (``site_packages``, each bound
+  ``libpython``, under ``/opt/python``: no host path of its shows), the packages the tool config allows (``site_packages``, each bound
   read-only under ``/opt/site``), ``/dev/null``, ``/dev/zero`` and ``/dev/urandom``, and a
   private tmpfs of ``TMPFS_BYTES`` at ``/tmp`` (the working directory, the only writable
   place). No ``/proc`` (so no other process's memory or environment), no project tree,
@@ -49,6 +49,7 @@ from pathlib import Path
 
 SANDBOX_UID = 65534         # "nobody": not root inside the sandbox
 SITE_DIR = "/opt/site"      # where the allowed packages appear inside
+RUNTIME_DIR = "/opt/python"  # where the interpreter's installation appears inside
 WORKDIR = "/tmp"            # the call's working directory, HOME and TMPDIR
 TMPFS_BYTES = 64 << 20      # the only writable place, all files of a call together
 
@@ -145,19 +146,36 @@ def package_binds(names) -> list[tuple[str, str]]:
     return binds
 
 
-def _runtime_binds() -> tuple[str, list[tuple[str, str]]]:
+def _runtime_binds() -> tuple[str, list[tuple[str, str]], dict[str, str]]:
     """The interpreter (the real one behind a virtualenv) and what it needs to start: its
-    standard library and libpython. Bound at the same paths, so it finds them as usual."""
+    standard library and libpython; the interpreter's path inside and the environment it
+    needs there. The files under the interpreter's installation prefix appear under
+    ``RUNTIME_DIR`` at the same relative paths (Python finds its standard library from
+    where the executable lies), so no path of the host's, which may be inside the project
+    tree or a home directory, shows inside; libpython is then found through
+    ``LD_LIBRARY_PATH``. A file outside the prefix keeps its own path."""
     executable = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    paths = {executable}
+    prefix = os.path.realpath(sys.base_prefix)
+
+    def inside(path: str) -> str:
+        rel = os.path.relpath(path, prefix)
+        return path if rel == ".." or rel.startswith("../") else f"{RUNTIME_DIR}/{rel}"
+
+    binds = {executable: inside(executable)}
+    # the installation's own folders, not a virtualenv's: sysconfig puts "platstdlib"
+    # under sys.exec_prefix, which in a virtualenv is the virtualenv
+    paths = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
     for key in ("stdlib", "platstdlib"):
-        paths.add(os.path.realpath(sysconfig.get_paths()[key]))
+        path = os.path.realpath(paths[key])
+        binds[path] = inside(path)
+    env = {}
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
         if libdir and soname and os.path.exists(os.path.join(libdir, soname)):
-            paths.add(os.path.realpath(os.path.join(libdir, soname)))
-            paths.add(os.path.join(libdir, soname))
-    return executable, [(p, p) for p in sorted(paths)]
+            real = os.path.realpath(os.path.join(libdir, soname))
+            binds[real] = os.path.join(os.path.dirname(inside(real)), soname)
+            env["LD_LIBRARY_PATH"] = os.path.dirname(inside(real))
+    return binds[executable], sorted(binds.items()), env
 
 
 def _system_binds() -> list[list[str]]:
@@ -196,10 +214,12 @@ class Sandbox:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed or not on PATH")
-        python, runtime = _runtime_binds()
+        python, runtime, env = _runtime_binds()
         args = [a for group in _system_binds() for a in group]
         for host, inside in runtime + package_binds(site_packages):
             args += ["--ro-bind", host, inside]
+        for key, value in env.items():
+            args += ["--setenv", key, value]
         return cls(bwrap=bwrap, python=python, bind_args=tuple(args),
                    seccomp=seccomp_program())
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environment (idempotent), check the import layers, run the whole test suite on CPU.
 #   bash shell/run_tests.sh                 # everything
-#   bash shell/run_tests.sh -k transfer     # extra arguments go to pytest
+#   bash shell/run_tests.sh -k transfer     # extra arguments go to pytest (one process)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -10,4 +10,15 @@ VENV="${MSRL_VENV:-$ROOT/.venv}"
 export PYTHONUNBUFFERED=1
 # The import layers (pyproject.toml, [tool.importlinter]) first; a broken contract fails here.
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/lint-imports" --no-cache --no-logo
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$@"
+PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -q)
+if [[ $# -gt 0 ]]; then  # a selection (a file, -k ...): one run, one process
+  exec "${PYTEST[@]}" "$@"
+fi
+# The whole suite in two runs (docs/testing.md): the fault tests alone (they bound how fast
+# a job reports a hung rank, and run two jobs of their own at once), then every other module
+# on two pytest-xdist workers, a module per worker at a time, one thread each (2 cores).
+status=0
+"${PYTEST[@]}" tests/test_faults.py || status=$?
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${PYTEST[@]}" -n 2 --dist loadfile \
+  --ignore tests/test_faults.py || status=$?
+exit "$status"

@@ -14,11 +14,15 @@ PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider -q)
 if [[ $# -gt 0 ]]; then  # a selection (a file, -k ...): one run, one process
   exec "${PYTEST[@]}" "$@"
 fi
-# The whole suite in two runs (docs/testing.md): the fault tests alone (they bound how fast
-# a job reports a hung rank, and run two jobs of their own at once), then every other module
-# on two pytest-xdist workers, a module per worker at a time, one thread each (2 cores).
+# The whole suite in two runs (docs/testing.md). First, alone, the modules that bound how
+# fast something happens on a loaded machine: the fault tests (a hung rank reported within
+# the collective timeout; they run two jobs of their own at once), the code interpreter's
+# tests (64 sandboxed calls in flight, each killed at its timeout) and the benchmarks' smoke
+# runs. Then every other module on two pytest-xdist workers, a module per worker at a time,
+# one thread each (2 cores).
+SERIAL=(tests/test_faults.py tests/test_tools.py tests/test_sandbox.py tests/test_benchmarks.py)
 status=0
-"${PYTEST[@]}" tests/test_faults.py || status=$?
+"${PYTEST[@]}" "${SERIAL[@]}" || status=$?
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "${PYTEST[@]}" -n 2 --dist loadfile \
-  --ignore tests/test_faults.py || status=$?
+  "${SERIAL[@]/#/--ignore=}" || status=$?
 exit "$status"

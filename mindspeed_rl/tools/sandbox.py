@@ -9,10 +9,10 @@ of Flatpak) with:
   (``--die-with-parent``), and with its PID namespace every process the code started;
 - a file system of its own: a read-only root holding only the system's shared libraries
   (``/usr/lib*``), the Python runtime (the interpreter, its standard library and
-  ``libpython``, under ``/opt/python``: no host path of its shows), the packages the tool config allows (``site_packages``, each bound
-  read-only under ``/opt/site``), ``/dev/null``, ``/dev/zero`` and ``/dev/urandom``, and a
-  private tmpfs of ``TMPFS_BYTES`` at ``/tmp`` (the working directory, the only writable
-  place). No ``/proc`` (so no other process's memory or environment), no project tree,
+  ``libpython``, under ``/opt/python``: no host path of its shows), the packages the tool
+  config allows (``site_packages``, each bound read-only under ``/opt/site``),
+  ``/dev/null``, ``/dev/zero`` and ``/dev/urandom``, and a private tmpfs of
+  ``TMPFS_BYTES`` at ``/tmp`` (the working directory, the only writable place). No ``/proc`` (so no other process's memory or environment), no project tree,
   no virtualenv, no checkpoints, no other call's files;
 - a network namespace with only a loopback device of its own: no route anywhere, not even
   to the host's 127.0.0.1;

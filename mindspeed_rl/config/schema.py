@@ -215,10 +215,12 @@ class RLConfig:
     init_kl_coef: float = setting(0.001, "KL loss coefficient; 0 = no KL term")
     entropy_coeff: float = setting(0.0, "entropy bonus coefficient")
     max_prompt_length: int = setting(256, "prompt tokens kept (longer prompts are filtered out)")
-    adv_estimator: Literal["group_norm", "gae"] | None = setting(
-        None, "advantage estimator: group_norm = GRPO (reward minus group mean, over group "
-              "std), gae = PPO (token-level GAE on the critic's values); null = the launcher's "
-              "(pretrain_grpo.py: group_norm, pretrain_ppo.py: gae)")
+    adv_estimator: str | None = setting(
+        None, "advantage estimator, among those the launcher runs (docs/algorithms.md): "
+              "pretrain_grpo.py: group_norm (GRPO: reward minus group mean, over group std); "
+              "pretrain_ppo.py: gae "
+              "(token-level GAE on the critic's values); verl's names are accepted where they "
+              "mean the same (grpo = group_norm); null = the launcher's (group_norm, gae)")
     gamma: float = setting(1.0, "GAE discount (PPO)")
     lam: float = setting(0.95, "GAE lambda (PPO)")
     advantage_whiten: bool = setting(True, "whiten GAE advantages over the whole batch (PPO)")
@@ -518,7 +520,7 @@ class RLJobConfig:
 
     ``model`` is not a YAML section: it is read from ``megatron_training.model``
     (config.json or a configs/model yaml). ``config_path`` is the file it came
-    from, absolute. ``algorithm`` is the launcher's (``grpo`` or ``ppo``); the
+    from, absolute. ``algorithm`` is the launcher's family (``grpo`` or ``ppo``); the
     optional sections are None when the file leaves them out.
     """
 
@@ -530,7 +532,7 @@ class RLJobConfig:
     reward_config: RewardConfig | None = None
     model: ModelSpec
     config_path: str
-    algorithm: Literal["grpo", "ppo"] = "grpo"
+    algorithm: str = "grpo"  # a registered family (mindspeed_rl/algorithms/registry.py)
     ref_config: RefConfig = field(default_factory=RefConfig)
     # MindSpeed-RL keys accepted without effect, with the reason (printed once at start-up).
     notices: tuple[str, ...] = ()

@@ -16,10 +16,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages,
+from mindspeed_rl.algorithms import registry
+from mindspeed_rl.algorithms import (gae_advantages,
                                      groups_with_reward_spread, kl_penalty, overlong_penalty,
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
-from mindspeed_rl.config import phase_names as names
+from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.config.checks import response_limit
 from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_call_bonus
 from mindspeed_rl.engine.actor import forward_logprobs
@@ -255,9 +256,17 @@ def _classify_new_groups(ctx: PhaseContext) -> list[tuple[int, list[int], bool]]
     return sorted(g for part in everyone for g in part)
 
 
+def _estimator(ctx: PhaseContext):
+    """(rl_config.adv_estimator's Estimator, its keyword arguments from rl_config)."""
+    est = registry.estimator(ctx.rl.adv_estimator)
+    return est, {key: getattr(ctx.rl, key) for key in est.params}
+
+
 def group_advantages(ctx: PhaseContext) -> dict[str, float]:
-    """GRPO: each response's reward against its group's (the n samples of its prompt)."""
+    """Each response's reward against its group's (the n samples of its prompt), by
+    ``rl_config.adv_estimator`` (group_norm: GRPO)."""
     n = ctx.rl.n_samples_per_prompt
+    est, params = _estimator(ctx)
     batch = ctx.flow.get(["rewards", "group_id", "sample_idx", "response_ids"],
                          ctx.batch.kept_responses_per_generation_dp_rank, "gen_writers",
                          whole_groups=True)
@@ -272,8 +281,7 @@ def group_advantages(ctx: PhaseContext) -> dict[str, float]:
                                f"n_samples_per_prompt={n} samples")
         grouped = torch.stack(batch["rewards"])[order].view(-1, n)
         adv = torch.empty(len(order))
-        adv[order] = group_normalized_advantages(
-            grouped, n, norm_by_std=ctx.rl.norm_adv_by_std_in_grpo).reshape(-1)
+        adv[order] = est.fn(grouped, **params).reshape(-1)
         advantages = [a.expand(len(r)).clone() for a, r in zip(adv, batch["response_ids"])]
     ctx.flow.put(batch, {"advantages": advantages})
     return {}

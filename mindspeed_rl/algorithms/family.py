@@ -24,9 +24,10 @@ class Estimator:
     """One advantage estimator (docs/algorithms.md lists them with their formulas).
 
     ``fn`` is called by the estimator's phase: an ``adv``-phase estimator gets the
-    sequence rewards of whole groups, ``fn(scores [groups, n], **params) -> [groups, n]``.
-    ``params`` names the ``rl_config`` keys passed as keyword arguments. GAE's phase is its
-    own.
+    sequence rewards of whole groups, ``fn(scores [groups, n], **params) -> [groups, n]``;
+    a ``discounted_returns``-phase estimator gets per-token rewards,
+    ``fn(rewards [batch, R], mask [batch, R], **params) -> returns [batch, R]``. ``params``
+    names the ``rl_config`` keys passed as keyword arguments. GAE's phase is its own.
     """
 
     name: str                          # the value of rl_config.adv_estimator
@@ -39,6 +40,7 @@ class Estimator:
     aliases: tuple[str, ...] = ()      # verl's names that mean the same estimator
     needs: frozenset[str] = frozenset()  # roles it reads (CRITIC)
     min_group_size: int = 1            # smallest rl_config.n_samples_per_prompt
+    whiten_batch: bool = False         # advantages whitened over the whole batch's tokens
     kl_in_reward: bool = False         # may take the KL to the reference into its reward
 
 

@@ -18,7 +18,8 @@ from mindspeed_rl.algorithms.family import Algorithm, Estimator
 GRPO = Algorithm(
     name="grpo", launcher="pretrain_grpo.py", stages=("ray_grpo", "ray_dapo"),
     phases=(p.RESHARDING_TO_INFER, p.ROLLOUT, p.RESHARDING_TO_TRAIN, p.REWARD_MODEL, p.REWARD,
-            p.DYNAMIC_SAMPLING, p.ADV, p.OLD_LOG_P, p.REFERENCE_MODEL, p.UPDATE),
+            p.DYNAMIC_SAMPLING, p.ADV, p.OLD_LOG_P, p.REFERENCE_MODEL, p.DISCOUNTED_RETURNS,
+            p.UPDATE),
     default_estimator="group_norm",
     features=frozenset({"dynamic_sampling", "partial_rollout", "multi_turn"}),
 )

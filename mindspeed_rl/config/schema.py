@@ -217,11 +217,11 @@ class RLConfig:
     max_prompt_length: int = setting(256, "prompt tokens kept (longer prompts are filtered out)")
     adv_estimator: str | None = setting(
         None, "advantage estimator, among those the launcher runs (docs/algorithms.md): "
-              "pretrain_grpo.py: group_norm (GRPO: reward minus group mean, over group std); "
-              "pretrain_ppo.py: gae "
+              "pretrain_grpo.py: group_norm (GRPO: reward minus group mean, over group std), "
+              "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline; pretrain_ppo.py: gae "
               "(token-level GAE on the critic's values); verl's names are accepted where they "
               "mean the same (grpo = group_norm); null = the launcher's (group_norm, gae)")
-    gamma: float = setting(1.0, "GAE discount (PPO)")
+    gamma: float = setting(1.0, "discount of GAE (PPO) and of reinforce_plus_plus's returns")
     lam: float = setting(0.95, "GAE lambda (PPO)")
     advantage_whiten: bool = setting(True, "whiten GAE advantages over the whole batch (PPO)")
     cliprange_value: float = setting(0.5, "value clipping range of the critic loss (PPO)")

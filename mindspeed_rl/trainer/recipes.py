@@ -3,7 +3,7 @@ function and when it runs; an algorithm's recipe is its family's phase list with
 estimator's advantage phase (``mindspeed_rl/algorithms/registry.py``).
 
     GRPO: [reshard -> rollout -> reshard -> [reward model] -> reward -> [dynamic sampling]]
-          -> adv -> [old log-probs] -> [reference] -> actor update
+          -> [adv] -> [old log-probs] -> [reference] -> [discounted returns] -> actor update
     PPO:  [reshard -> rollout -> reshard -> [reward model] -> reward] -> values
           -> [old log-probs] -> [reference] -> GAE -> critic update -> actor update
 
@@ -11,8 +11,9 @@ The outer brackets are the generation round: the trainer repeats those phases un
 batch is ready (a round-closing phase such as DAPO's dynamic sampling may ask for
 another round on fresh prompts), then runs the rest once. Phases in inner brackets
 run only when the job needs them (a reward model is configured, dynamic sampling, more
-than one optimizer step per iteration, a KL term); of a family's advantage phases the
-estimator's runs.
+than one optimizer step per iteration, a KL term); of GRPO's two advantage phases the
+estimator's runs (``adv``: group_norm, rloo, reinforce_plus_plus_baseline;
+``discounted_returns``: reinforce_plus_plus, after the forwards whose KL it may read).
 
 A new phase is one function ``phase(ctx) -> metrics`` (``phases.py``), one line in
 ``PHASES`` below, and its name in the phase list of each family that runs it
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mindspeed_rl.algorithms import registry
-from mindspeed_rl.algorithms.phase_names import (ADV, CRITIC_UPDATE, DYNAMIC_SAMPLING, GAE,
-                                                 OLD_LOG_P, REFERENCE_MODEL,
-                                                 RESHARDING_TO_INFER, RESHARDING_TO_TRAIN,
-                                                 REWARD, REWARD_MODEL, ROLLOUT, UPDATE, VALUES)
+from mindspeed_rl.algorithms.phase_names import (ADV, CRITIC_UPDATE, DISCOUNTED_RETURNS,
+                                                 DYNAMIC_SAMPLING, GAE, OLD_LOG_P,
+                                                 REFERENCE_MODEL, RESHARDING_TO_INFER,
+                                                 RESHARDING_TO_TRAIN, REWARD, REWARD_MODEL,
+                                                 ROLLOUT, UPDATE, VALUES)
 from mindspeed_rl.trainer import phases as p
 
 
@@ -43,7 +45,7 @@ class Phase:
 def _old_logprobs_needed(config, plan) -> bool:
     """After the first optimizer step of an iteration the policy is no longer the one the
     iteration started with (the proximal policy of a partial rollout's older rows); the
-    KL-in-reward (PPO) also reads those log-probs. With one optimizer step the
+    KL-in-reward (PPO, REINFORCE++) also reads those log-probs. With one optimizer step the
     update's own forward runs at the proximal weights: its log-probs, detached, are the
     old ones."""
     rl = config.rl_config
@@ -66,6 +68,7 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in (
     Phase(OLD_LOG_P, p.old_logprobs, needed=_old_logprobs_needed),
     Phase(REFERENCE_MODEL, p.reference_logprobs,
           needed=lambda config, plan: config.rl_config.init_kl_coef != 0),
+    Phase(DISCOUNTED_RETURNS, p.discounted_returns),
     Phase(GAE, p.gae),
     Phase(CRITIC_UPDATE, p.critic_update),
     Phase(UPDATE, p.actor_update),

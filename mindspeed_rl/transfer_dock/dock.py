@@ -105,18 +105,18 @@ class TransferDock:
         eager_bytes: metadata a rank can publish inside the control collective
             (per call); larger puts take one more all-to-all.
 
-    A mode is a subclass that implements :meth:`_placement`; ``TransferDock(...)``
-    itself builds the default, distributed mode (:func:`build_transfer_dock` picks
-    one by name).
+    A mode is a subclass that implements :meth:`_placement`
+    (:class:`~mindspeed_rl.transfer_dock.DistributedTransferDock`, the default, and
+    ``CentralizedTransferDock``); :func:`build_transfer_dock` picks one by name. The base
+    class knows none of its modes, so it is not built directly.
     """
 
     mode: str  # each mode's name, as build_transfer_dock knows it
 
     def __new__(cls, *args, **kwargs):
-        if cls is TransferDock:  # TransferDock(...) as before: the distributed mode
-            from mindspeed_rl.transfer_dock.distributed import DistributedTransferDock
-
-            cls = DistributedTransferDock
+        if cls is TransferDock:
+            raise TypeError("TransferDock is the base of the dock's modes: build one with "
+                            "build_transfer_dock(mode, ...) or DistributedTransferDock(...)")
         return super().__new__(cls)
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float | None = None,

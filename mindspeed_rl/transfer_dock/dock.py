@@ -637,11 +637,5 @@ class TransferDock:
         self._num_clears, self._num_calls = int(state["num_clears"]), int(state["num_calls"])
         self._pending = []
 
-    def num_ready(self, consumer: str, columns: Sequence[str]) -> int:
-        """Rows whose ``columns`` are all ready and that ``consumer`` has not taken (local, no
-        communication; same on every rank). Counts what is published: puts of results
-        since the last get are published by the next one."""
-        return int(self.controller.ready_mask(consumer, list(columns)).sum())
-
     def reset_metrics(self) -> None:
         self.metrics = DockMetrics()

@@ -101,3 +101,26 @@ def test_a_masked_token_inside_a_response_passes_the_return_through():
     torch.testing.assert_close(discounted_returns(rewards, mask, 0.5),
                                torch.tensor([[0.5, 0.0, 1.0]]))
     assert _verl_returns(rewards, mask, 0.5)[0, 0].item() == 0.0  # verl resets there
+
+
+def test_the_phase_puts_the_kl_to_the_reference_into_the_per_token_reward():
+    """discounted_returns' and gae's per-token reward (trainer/phases.py): the score on the
+    last token minus beta x KL(old || ref) on every token, from the rows' log-prob cells."""
+    from types import SimpleNamespace
+
+    from mindspeed_rl.algorithms.kl import kl_penalty
+    from mindspeed_rl.trainer.phases import _padded, _token_rewards
+
+    old = [torch.tensor([-0.5, -1.0, -0.2]), torch.tensor([-0.3])]
+    ref = [torch.tensor([-0.7, -0.9, -0.2]), torch.tensor([-1.3])]
+    batch = {"rewards": [torch.tensor(1.0), torch.tensor(0.5)], "logprobs_old": old,
+             "logprobs_ref": ref}
+    ctx = SimpleNamespace(rl=SimpleNamespace(kl_penalty="low_var_kl"),
+                          state=SimpleNamespace(kl_ctrl=SimpleNamespace(value=0.1)))
+    mask, _ = _padded(old)
+    rewards, kl, beta = _token_rewards(ctx, batch, mask, kl_in_reward=True)
+    want_kl = kl_penalty(_padded(old)[1], _padded(ref)[1], "low_var_kl") * mask
+    assert beta == 0.1 and kl.abs().sum() > 0.1
+    torch.testing.assert_close(kl, want_kl)
+    torch.testing.assert_close(rewards, torch.tensor([[0., 0., 1.], [0.5, 0., 0.]])
+                               - 0.1 * want_kl)

@@ -315,8 +315,8 @@ def _token_rewards(ctx: PhaseContext, batch: DockBatch, mask: torch.Tensor,
     scores = torch.stack(batch["rewards"])
     kl = None
     if kl_in_reward:
-        logp_old, _ = _padded(batch["logprobs_old"])
-        logp_ref, _ = _padded(batch["logprobs_ref"])
+        _, logp_old = _padded(batch["logprobs_old"])  # (mask, values)
+        _, logp_ref = _padded(batch["logprobs_ref"])
         kl = kl_penalty(logp_old, logp_ref, ctx.rl.kl_penalty) * mask
     beta = ctx.state.kl_ctrl.value
     return token_level_rewards(scores, mask, kl, beta), kl, beta

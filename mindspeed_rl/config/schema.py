@@ -228,8 +228,9 @@ class RLConfig:
     critic_warmup: int = setting(0, "iterations at the start in which only the critic updates "
                                     "(PPO)")
     use_kl_in_reward: bool = setting(False, (
-        "put the KL to the reference into the per-token reward (PPO, scaled by the KL "
-        "controller) instead of into the loss (init_kl_coef as a loss coefficient)"))
+        "put the KL to the reference into the per-token reward (PPO; reinforce_plus_plus; "
+        "scaled by the KL controller) instead of into the loss (init_kl_coef as a loss "
+        "coefficient)"))
     kl_ctrl_type: Literal["fixed", "adaptive"] = setting(
         "fixed", "KL coefficient of use_kl_in_reward: fixed at init_kl_coef, or adapted toward "
                  "kl_target (Ziegler et al. 2019)")

@@ -1,18 +1,21 @@
-"""docs/trainer.md's worked example: a new phase is one function and one line in PHASES.
+"""docs/trainer.md's worked example: a new phase is one function, one line in PHASES and
+its name in the phase lists of the families that run it.
 
 The test takes the two code blocks of the example from the doc, adds the phase as the doc
-says, and checks that GRPO and PPO run it where the line puts it, that the column
+says, and checks that GRPO and PPO run it where their lists put it, that the column
 contract still holds, and that the function runs on a phase context (2 gloo ranks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from mindspeed_rl.algorithms import registry
 from mindspeed_rl.testing import run_on_ranks
 from mindspeed_rl.trainer import recipes
 from mindspeed_rl.trainer.columns import check_contract
@@ -35,22 +38,29 @@ def _phase_function():
     return namespace["peak_memory"]
 
 
-def test_one_line_puts_the_phase_into_every_algorithm_that_runs_it():
+def test_one_line_and_the_family_lists_put_the_phase_where_they_say():
     _, line = _example()
-    namespace = {"Phase": recipes.Phase, "_BOTH": recipes._BOTH,
+    namespace = {"Phase": recipes.Phase,
                  "p": type("phases", (), {"peak_memory": staticmethod(_phase_function())})}
     phase = eval(line, namespace)  # noqa: S307 - the doc's own example
-    phases = {}
-    for name, existing in recipes.PHASES.items():
-        phases[name] = existing
-        if name == recipes.UPDATE:  # "placed after the UPDATE line"
-            phases[phase.name] = phase
-    algorithms = recipes.algorithms_of(phases)
-    assert algorithms["grpo"][-2:] == ("update", "peak_memory")
-    assert algorithms["ppo"][-2:] == ("update", "peak_memory")
-    assert {a: [n for n in names if n != "peak_memory"] for a, names in algorithms.items()} \
-        == {a: list(names) for a, names in recipes.ALGORITHMS.items()}
-    check_contract(algorithms)
+    assert phase.name == "peak_memory" and not phase.generation
+    before = recipes.recipes()
+    families = registry.algorithms()
+    try:  # "peak_memory" after p.UPDATE in the phases of GRPO and PPO
+        for family in families:
+            registry.unregister(family.name)
+        for family in families:
+            registry.register(dataclasses.replace(family, phases=family.phases + (phase.name,)))
+        after = recipes.recipes()
+    finally:
+        for family in registry.algorithms():
+            registry.unregister(family.name)
+        for family in families:
+            registry.register(family)
+    assert set(after) == set(before) and all(names[-2:] == ("update", "peak_memory")
+                                             for names in after.values())
+    assert {k: names[:-1] for k, names in after.items()} == before
+    check_contract(after)
 
 
 def _run_example():

@@ -57,3 +57,11 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
     if not shift_mean:
         whitened = whitened + mean
     return whitened * mask
+
+
+def moments_from_sums(total: float, total_sq: float, count: float) -> tuple[float, float]:
+    """(mean, unbiased variance) of ``count`` elements from their sum and sum of squares:
+    the statistics of a batch split over ranks, each contributing its sums. With
+    ``whiten`` (``advantages.py``) this is ``masked_whiten`` over the whole batch."""
+    mean = total / max(count, 1.0)
+    return mean, (total_sq / max(count, 1.0) - mean ** 2) * count / max(count - 1.0, 1.0)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from mindspeed_rl.checkpoint.megatron_dir import TRACKER_FILE, iteration_dir_name
+from mindspeed_rl.checkpoint.megatron_dir import iteration_dir_name
+from mindspeed_rl.checkpoint.tracker import TRACKER_FILE, read_tracker
 from mindspeed_rl.errors import CheckpointError
 
 MODEL_FILE = "model_optim_rng.pt"
@@ -61,8 +62,6 @@ def legacy_iteration_dir(load: str | Path, iteration: int | None | str = "latest
         if not tracker.is_file():
             raise CheckpointError(f"{tracker}: missing; {load} is not a Megatron checkpoint "
                                   "directory")
-        from mindspeed_rl.checkpoint.weight_source import read_tracker
-
         iteration = read_tracker(load)
     path = load / iteration_dir_name(iteration)
     if not is_legacy_checkpoint_dir(path):

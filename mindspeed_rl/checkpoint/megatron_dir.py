@@ -26,10 +26,10 @@ import torch.distributed as dist
 from mindspeed_rl.checkpoint.manifest import (MANIFEST_FILE, describe_files, verify_checkpoint,
                                               write_manifest)
 from mindspeed_rl.checkpoint.safe_load import UntrustedPickleError, restricted_unpickling
+from mindspeed_rl.checkpoint.tracker import TRACKER_FILE, read_tracker
 from mindspeed_rl.errors import CheckpointError
 
 META_FILE = "mindspeed_rl_meta.json"
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
 FORMAT = "mindspeed_rl.megatron_dist_checkpoint"
 FORMAT_VERSION = 1
@@ -62,8 +62,6 @@ def checkpoint_path(mg_dir: str | os.PathLike, iteration: int | None | str = "la
     """The dist-checkpoint folder of ``iteration`` ("latest": the tracker file's)."""
     mg_dir = Path(mg_dir)
     if iteration == "latest":
-        from mindspeed_rl.checkpoint.weight_source import read_tracker
-
         iteration = read_tracker(mg_dir)
     path = mg_dir / iteration_dir_name(iteration)
     if not path.is_dir():

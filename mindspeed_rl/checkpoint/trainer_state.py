@@ -40,7 +40,7 @@ from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _rera
                                                   iteration_dir_name, write_meta)
 from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
 from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
-from mindspeed_rl.checkpoint.weight_source import read_tracker
+from mindspeed_rl.checkpoint.tracker import read_tracker
 from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault.collective import collective_failure_kind
 from mindspeed_rl.fault.phases import injection_point

@@ -27,9 +27,10 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mindspeed_rl.checkpoint.tracker import TRACKER_FILE as _TRACKER
+from mindspeed_rl.checkpoint.tracker import read_tracker
 from mindspeed_rl.errors import CheckpointError
 
-_TRACKER = "latest_checkpointed_iteration.txt"
 _META = "mindspeed_rl_meta.json"
 # What a source is, by the files found there.
 HF, DIST, LEGACY = "hf", "megatron_dist", "megatron_legacy"
@@ -57,33 +58,6 @@ class WeightSource:
     @classmethod
     def from_dict(cls, data: dict) -> "WeightSource":
         return cls(**data)
-
-
-def read_tracker(folder: str | Path) -> int | None:
-    """The iteration ``folder/latest_checkpointed_iteration.txt`` names (None: ``release``).
-
-    CheckpointError naming the file when it is missing, cannot be read, or holds anything
-    but ``release`` or an iteration number (a damaged or foreign file, binary included)."""
-    tracker = Path(folder) / _TRACKER
-    try:
-        raw = tracker.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{tracker}: missing; no checkpoint has been saved in "
-                              f"{folder}") from None
-    except OSError as exc:
-        raise CheckpointError(f"{tracker}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        text = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        text = None
-    if text == "release":
-        return None
-    if text is None or not text.isdigit():
-        raise CheckpointError(
-            f"{tracker}: holds {raw[:40]!r}{'...' if len(raw) > 40 else ''}, neither "
-            "'release' nor an iteration number (a damaged or foreign file); write the number "
-            f"of the iteration to load (an iter_XXXXXXX folder in {folder}) into it")
-    return int(text)
 
 
 def _iteration(load: Path) -> tuple[int | None, Path] | None:

@@ -12,7 +12,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mindspeed_rl.config import phase_names as names
+from mindspeed_rl.algorithms import phase_names as names
+from mindspeed_rl.algorithms import registry
+from mindspeed_rl.algorithms.family import CRITIC
 from mindspeed_rl.config.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -144,10 +146,10 @@ def _check_algorithm(config: RLJobConfig) -> None:
     _require(not mt.sequence_parallel or tp > 1, "megatron_training.sequence_parallel", True,
              f"needs actor_config.tensor_model_parallel_size > 1 (got {tp})",
              "set sequence_parallel: false or raise tensor_model_parallel_size")
-    n = rl.n_samples_per_prompt
-    _require(rl.adv_estimator != "group_norm" or n >= 2, "rl_config.n_samples_per_prompt", n,
-             "group_norm advantages compare the responses of one prompt, so a group needs at "
-             "least 2", "use n_samples_per_prompt >= 2 (e.g. 8)")
+    n, least = rl.n_samples_per_prompt, registry.estimator(rl.adv_estimator).min_group_size
+    _require(n >= least, "rl_config.n_samples_per_prompt", n,
+             f"{rl.adv_estimator} advantages compare the responses of one prompt, so a group "
+             f"needs at least {least}", f"use n_samples_per_prompt >= {least} (e.g. 8)")
     _require(sampling.temperature > 0 or n == 1, "generate_config.sampling_config.temperature",
              sampling.temperature, f"greedy sampling (0) makes all {n} responses of a prompt "
              "identical, so the group has no signal", "use a temperature > 0, e.g. 1.0")
@@ -170,9 +172,10 @@ def _check_roles(config: RLJobConfig) -> None:
     """The PPO critic and the reward model: present when needed, in the actor's layout."""
     rl, actor, critic, reward = (config.rl_config, config.actor_config, config.critic_config,
                                  config.reward_config)
-    if config.algorithm == "ppo":
+    family, estimator = registry.algorithm(config.algorithm), registry.estimator(rl.adv_estimator)
+    if CRITIC in family.builds:
         if critic is None:
-            raise ConfigError("critic_config", "pretrain_ppo.py needs a critic_config section "
+            raise ConfigError("critic_config", f"{family.launcher} needs a critic_config section "
                               "(the value model)", "add 'critic_config:' with at least lr (e.g. "
                               "lr: 5e-6); its weights default to the actor's model with a new "
                               "value head")
@@ -186,20 +189,23 @@ def _check_roles(config: RLJobConfig) -> None:
             _require(0 <= value <= 1, key, value, "must lie in [0, 1]", "use a value in [0, 1]")
         _require(rl.cliprange_value > 0, "rl_config.cliprange_value", rl.cliprange_value,
                  "must be greater than 0", "use e.g. 0.5")
-        _require(rl.kl_ctrl_type == "fixed" or rl.use_kl_in_reward, "rl_config.kl_ctrl_type",
-                 rl.kl_ctrl_type, "the adaptive KL controller scales the KL in the reward, but "
-                 "rl_config.use_kl_in_reward is false", "set use_kl_in_reward: true, or "
-                 "kl_ctrl_type: fixed")
-        _require(rl.kl_horizon > 0 and rl.kl_target > 0, "rl_config.kl_horizon", rl.kl_horizon,
-                 "kl_horizon and kl_target must be greater than 0", "use e.g. kl_horizon: 10000, "
-                 "kl_target: 0.1")
+        _check_kl_in_reward(rl)
     else:
         if critic is not None:
-            raise ConfigError("critic_config", "pretrain_grpo.py trains no critic (GRPO's "
-                              "advantages come from the group)", "remove the section, or "
-                              "launch pretrain_ppo.py")
-        _require(not rl.use_kl_in_reward, "rl_config.use_kl_in_reward", True,
-                 "GRPO puts the KL into the loss (init_kl_coef)", "set use_kl_in_reward: false")
+            raise ConfigError("critic_config", f"{family.launcher} trains no critic "
+                              f"({family.name.upper()}'s advantages come from the group or the "
+                              "batch)", "remove the section, or launch "
+                              f"{_launcher_building(CRITIC)}")
+        if estimator.kl_in_reward:
+            _require(0 <= rl.gamma <= 1, "rl_config.gamma", rl.gamma, "must lie in [0, 1]",
+                     "use a value in [0, 1]")
+            _check_kl_in_reward(rl)
+        else:
+            takers = [e.name for e in registry.estimators(family.name) if e.kl_in_reward]
+            _require(not rl.use_kl_in_reward, "rl_config.use_kl_in_reward", True,
+                     f"{family.name.upper()} with adv_estimator {estimator.name} puts the KL into "
+                     f"the loss (init_kl_coef)", "set use_kl_in_reward: false"
+                     + (f", or adv_estimator: one of {takers}" if takers else ""))
     for name, section in (("critic_config", critic), ("reward_config", reward)):
         if section is None:
             continue
@@ -230,6 +236,27 @@ def _check_roles(config: RLJobConfig) -> None:
                  "remove reward_config")
 
 
+def _check_kl_in_reward(rl) -> None:
+    """The KL controller's keys, read when the KL goes into the per-token reward."""
+    _require(rl.kl_ctrl_type == "fixed" or rl.use_kl_in_reward, "rl_config.kl_ctrl_type",
+             rl.kl_ctrl_type, "the adaptive KL controller scales the KL in the reward, but "
+             "rl_config.use_kl_in_reward is false", "set use_kl_in_reward: true, or "
+             "kl_ctrl_type: fixed")
+    _require(rl.kl_horizon > 0 and rl.kl_target > 0, "rl_config.kl_horizon", rl.kl_horizon,
+             "kl_horizon and kl_target must be greater than 0", "use e.g. kl_horizon: 10000, "
+             "kl_target: 0.1")
+
+
+def _launcher_building(role: str) -> str:
+    """The launcher of the first family that builds ``role``."""
+    return next(a.launcher for a in registry.algorithms() if role in a.builds)
+
+
+def _runs(config: RLJobConfig, feature: str) -> bool:
+    """Whether the job's family is built for ``feature`` (its rows, its phases)."""
+    return feature in registry.algorithm(config.algorithm).features
+
+
 def _check_dapo(config: RLJobConfig) -> None:
     rl, sampling = config.rl_config, config.sampling_config
     low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
@@ -246,7 +273,7 @@ def _check_dapo(config: RLJobConfig) -> None:
              "rl_config.rollout_is_threshold", rl.rollout_is_threshold, "must be greater than 0",
              "use e.g. 2.0, or null")
     if rl.filter_groups_enable:
-        _require(config.algorithm == "grpo", "rl_config.filter_groups_enable", True,
+        _require(_runs(config, "dynamic_sampling"), "rl_config.filter_groups_enable", True,
                  "dynamic sampling filters GRPO groups (pretrain_grpo.py); PPO's advantages do "
                  "not vanish with equal rewards", "set filter_groups_enable: false")
         _require(rl.n_samples_per_prompt >= 2, "rl_config.filter_groups_enable", True,
@@ -522,7 +549,7 @@ def _check_partial_rollout(config: RLJobConfig) -> None:
              f"max_tokens={max_tokens}: a rollout pass would generate less than one token",
              f"use at most {max_tokens}, e.g. 2 or 4")
     if split > 1:
-        _require(config.algorithm == "grpo", key, split,
+        _require(_runs(config, "partial_rollout"), key, split,
                  "partial rollout runs with GRPO and DAPO (pretrain_grpo.py), as in "
                  "MindSpeed-RL; PPO's critic and GAE are not built for rows that span "
                  "iterations", "set partial_rollout_max_split: 1 for PPO")
@@ -550,9 +577,15 @@ def _check_multi_turn(config: RLJobConfig) -> None:
              "kept)", "use e.g. 256")
     if not rl.multi_turn_enable:
         return
-    _require(config.algorithm == "grpo", key, True, "multi-turn rollouts run with GRPO and "
+    _require(_runs(config, "multi_turn"), key, True, "multi-turn rollouts run with GRPO and "
              "DAPO (pretrain_grpo.py), as in MindSpeed-RL; PPO's critic and GAE are not built "
              "for responses with tool tokens", "set multi_turn_enable: false for PPO")
+    estimator = registry.estimator(rl.adv_estimator)
+    sequence_level = [e.name for e in registry.estimators(config.algorithm)
+                      if e.phase == names.ADV]
+    _require(estimator.phase == names.ADV, "rl_config.adv_estimator", rl.adv_estimator,
+             "its per-token returns are not built for responses with tool tokens inside "
+             "(multi_turn_enable)", f"use one of {sequence_level} with multi_turn_enable")
     _require(rl.partial_rollout_max_split == 1, "rl_config.partial_rollout_max_split",
              rl.partial_rollout_max_split, "partial rollout and multi-turn rollouts are not "
              "combined here", "set partial_rollout_max_split: 1 with multi_turn_enable")

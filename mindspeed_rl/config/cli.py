@@ -14,6 +14,7 @@ from typing import Sequence
 
 import yaml
 
+from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.loader import load_config
 from mindspeed_rl.config.plan import make_plan
@@ -96,6 +97,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.
         if args.dry_run:
             plan = make_plan(config, args.world_size)
             print(plan.format())
+            print(estimator_line(config))
             from mindspeed_rl.fault.save_time import save_time_line
 
             line = save_time_line(config, plan)  # measures the save folder
@@ -107,6 +109,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def estimator_line(config) -> str:
+    """The dry run's line naming the advantage estimator the job runs, and its formula."""
+    estimator = registry.estimator(config.rl_config.adv_estimator)
+    launcher = registry.algorithm(config.algorithm).launcher
+    return f"advantages: {estimator.name} ({launcher}): {estimator.formula}"
 
 
 def _split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
@@ -122,7 +131,8 @@ def _split_algorithm(argv: list[str]) -> tuple[str, list[str]]:
         else:
             rest.append(arg)
         i += 1
-    if algorithm not in ("grpo", "ppo"):
-        raise ConfigError("--algorithm", "must be grpo or ppo", "e.g. --algorithm ppo",
-                          value=algorithm)
+    names = [a.name for a in registry.algorithms()]
+    if algorithm not in names:
+        raise ConfigError("--algorithm", f"must be {' or '.join(names)}",
+                          f"e.g. --algorithm {names[-1]}", value=algorithm)
     return algorithm, rest

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.checks import check_data_files, check_job
 from mindspeed_rl.config.errors import ConfigError, did_you_mean
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
@@ -23,9 +24,6 @@ from mindspeed_rl.config.yaml_source import parse_yaml_scalar, read_yaml_file
 
 _OVERRIDE = "command-line override"
 
-# The advantage estimator each algorithm runs (rl_config.adv_estimator: null = this one).
-ALGORITHM_ESTIMATORS = {"grpo": "group_norm", "ppo": "gae"}
-_LAUNCHERS = {"grpo": "pretrain_grpo.py", "ppo": "pretrain_ppo.py"}
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
@@ -57,8 +55,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
         raise ConfigError("--config", f"{config_path} must hold a mapping of sections "
                           f"({', '.join(SECTIONS)}), not a {type(raw).__name__}",
                           "start the file with 'megatron_training:'", value=str(path))
-    if algorithm not in ALGORITHM_ESTIMATORS:
-        raise ValueError(f"algorithm {algorithm!r} is not one of {sorted(ALGORITHM_ESTIMATORS)}")
+    registry.algorithm(algorithm)  # a launcher's own name: ValueError when unknown
     present = {name for name in raw if name in OPTIONAL_SECTIONS}  # written, even if empty
     normalised = normalise(raw, config_path.name, algorithm)
     present -= normalised.dropped_sections
@@ -149,17 +146,33 @@ def _resolved_rl(sections: dict, algorithm: str, config_path: Path, warnings: li
                         f"{gbs} prompts (one optimizer step per epoch), as MindSpeed-RL runs it; "
                         f"set mini_batch_size: {gbs} to say so")
         rl = dataclasses.replace(rl, mini_batch_size=gbs)
-    estimator = ALGORITHM_ESTIMATORS[algorithm]
-    if rl.adv_estimator is None:
-        rl = dataclasses.replace(rl, adv_estimator=estimator)
-    elif rl.adv_estimator != estimator:
-        other = next(a for a, e in ALGORITHM_ESTIMATORS.items() if e == rl.adv_estimator)
-        raise ConfigError("rl_config.adv_estimator", f"{_LAUNCHERS[algorithm]} runs "
-                          f"{algorithm.upper()}, whose estimator is {estimator}",
-                          f"launch {_LAUNCHERS[other]} for {rl.adv_estimator}, or set "
-                          f"adv_estimator: {estimator} (or leave it out)",
-                          value=rl.adv_estimator, origin=str(config_path))
-    return rl
+    return dataclasses.replace(rl, adv_estimator=_resolved_estimator(rl.adv_estimator,
+                                                                     algorithm, config_path))
+
+
+def _resolved_estimator(name: str | None, algorithm: str, config_path: Path) -> str:
+    """rl_config.adv_estimator's registered name (an alias resolved; null: the family's
+    default), or a ConfigError naming the estimators the launcher runs."""
+    family = registry.algorithm(algorithm)
+    if name is None:
+        return family.default_estimator
+    own = [e.name for e in registry.estimators(algorithm)]
+    chosen = registry.estimator(str(name))
+    if chosen is not None and algorithm in chosen.algorithms:
+        return chosen.name
+    runs = (f"{family.launcher} runs {algorithm.upper()}, whose estimator is "
+            f"{family.default_estimator}" + (f" (or {', '.join(own[1:])})" if own[1:] else ""))
+    if chosen is None:
+        raise ConfigError("rl_config.adv_estimator", f"is not an advantage estimator: {runs}",
+                          f"use one of {own} (or leave it out)", value=name,
+                          origin=str(config_path))
+    missing = sorted(chosen.needs - family.builds)
+    other = registry.algorithm(chosen.algorithms[0])
+    why = f"{chosen.name} needs a {' and a '.join(missing)}, which {family.launcher} does " \
+          "not build; " if missing else ""
+    raise ConfigError("rl_config.adv_estimator", why + runs,
+                      f"launch {other.launcher} for {chosen.name}, or use one of {own} "
+                      "(or leave it out)", value=name, origin=str(config_path))
 
 
 def _prompt_cut_warning(sections: dict) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
+from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.megatron_model_yaml import MEGATRON_TO_HF
 from mindspeed_rl.config.mindspeed_keys import (FAMILY_SECTIONS, GENERATE, HONOURED, MEGATRON,
                                                 NOT_APPLICABLE, RL, SAMPLING, TOP, TRANSLATED,
@@ -54,9 +55,6 @@ def _fields(section: str) -> set[str]:
     cls = SamplingConfig if section == SAMPLING else SECTIONS[section]
     return {f.name for f in dataclasses.fields(cls)}
 
-
-_STAGES = {"ray_grpo": "grpo", "ray_dapo": "grpo", "ray_ppo": "ppo"}
-_LAUNCHER = {"grpo": "pretrain_grpo.py", "ppo": "pretrain_ppo.py"}
 
 # Keys only MindSpeed-RL before 2025-05-15 had; rl_config.mini_batch_size counted responses
 # until then (prompts since): a file holding one of them is read in those units.
@@ -126,20 +124,21 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
 
     stage = translated.pop("stage", None)
     if stage is not None and stage[1] is not None:
-        wanted = _STAGES.get(stage[1])
+        wanted = registry.algorithm_of_stage(stage[1])
+        launcher = registry.algorithm(algorithm).launcher
         if wanted is None:
             problems.append(ConfigError(stage[0], "is not a stage this project runs",
-                                        f"use one of {sorted(_STAGES)}", value=stage[1]))
-        elif wanted != algorithm:
+                                        f"use one of {registry.stages()}", value=stage[1]))
+        elif wanted.name != algorithm:
             problems.append(ConfigError(stage[0], f"cannot be honoured here: "
-                                        f"{_LAUNCHER[algorithm]} runs {algorithm.upper()}",
-                                        f"launch {_LAUNCHER[wanted]} for {stage[1]}",
+                                        f"{launcher} runs {algorithm.upper()}",
+                                        f"launch {wanted.launcher} for {stage[1]}",
                                         value=stage[1]))
         elif stage[1] == "ray_dapo":
             _dapo_without_reference(out, stage)
         else:
             out.notices.append(f"{stage[0]}={show_value(stage[1])}: the launcher "
-                               f"{_LAUNCHER[algorithm]} runs it")
+                               f"{launcher} runs it")
         if stage[1] == "ray_dapo" and out.sections["rl_config"].get("share_backbone"):
             problems.append(ConfigError("rl_config.share_backbone", "DAPO has no reference "
                                         f"model to share the backbone with ({stage[0]}="

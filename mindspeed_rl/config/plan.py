@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mindspeed_rl.config import phase_names as names
+from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.config.checks import packing_budgets
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.model_spec import ModelSpec

@@ -215,19 +215,22 @@ class RLConfig:
     init_kl_coef: float = setting(0.001, "KL loss coefficient; 0 = no KL term")
     entropy_coeff: float = setting(0.0, "entropy bonus coefficient")
     max_prompt_length: int = setting(256, "prompt tokens kept (longer prompts are filtered out)")
-    adv_estimator: Literal["group_norm", "gae"] | None = setting(
-        None, "advantage estimator: group_norm = GRPO (reward minus group mean, over group "
-              "std), gae = PPO (token-level GAE on the critic's values); null = the launcher's "
-              "(pretrain_grpo.py: group_norm, pretrain_ppo.py: gae)")
-    gamma: float = setting(1.0, "GAE discount (PPO)")
+    adv_estimator: str | None = setting(
+        None, "advantage estimator, among those the launcher runs (docs/algorithms.md): "
+              "pretrain_grpo.py: group_norm (GRPO: reward minus group mean, over group std), "
+              "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline; pretrain_ppo.py: gae "
+              "(token-level GAE on the critic's values); verl's names are accepted where they "
+              "mean the same (grpo = group_norm); null = the launcher's (group_norm, gae)")
+    gamma: float = setting(1.0, "discount of GAE (PPO) and of reinforce_plus_plus's returns")
     lam: float = setting(0.95, "GAE lambda (PPO)")
     advantage_whiten: bool = setting(True, "whiten GAE advantages over the whole batch (PPO)")
     cliprange_value: float = setting(0.5, "value clipping range of the critic loss (PPO)")
     critic_warmup: int = setting(0, "iterations at the start in which only the critic updates "
                                     "(PPO)")
     use_kl_in_reward: bool = setting(False, (
-        "put the KL to the reference into the per-token reward (PPO, scaled by the KL "
-        "controller) instead of into the loss (init_kl_coef as a loss coefficient)"))
+        "put the KL to the reference into the per-token reward (PPO; reinforce_plus_plus; "
+        "scaled by the KL controller) instead of into the loss (init_kl_coef as a loss "
+        "coefficient)"))
     kl_ctrl_type: Literal["fixed", "adaptive"] = setting(
         "fixed", "KL coefficient of use_kl_in_reward: fixed at init_kl_coef, or adapted toward "
                  "kl_target (Ziegler et al. 2019)")
@@ -518,7 +521,7 @@ class RLJobConfig:
 
     ``model`` is not a YAML section: it is read from ``megatron_training.model``
     (config.json or a configs/model yaml). ``config_path`` is the file it came
-    from, absolute. ``algorithm`` is the launcher's (``grpo`` or ``ppo``); the
+    from, absolute. ``algorithm`` is the launcher's family (``grpo`` or ``ppo``); the
     optional sections are None when the file leaves them out.
     """
 
@@ -530,7 +533,7 @@ class RLJobConfig:
     reward_config: RewardConfig | None = None
     model: ModelSpec
     config_path: str
-    algorithm: Literal["grpo", "ppo"] = "grpo"
+    algorithm: str = "grpo"  # a registered family (mindspeed_rl/algorithms/registry.py)
     ref_config: RefConfig = field(default_factory=RefConfig)
     # MindSpeed-RL keys accepted without effect, with the reason (printed once at start-up).
     notices: tuple[str, ...] = ()

@@ -97,14 +97,6 @@ class TrainableModel:
                 model_sd, is_loading=loading, metadata=metadata)
         return state
 
-    @torch.no_grad()
-    def load_sharded(self, state: dict, scheduler_state: dict | None) -> None:
-        self.model.load_state_dict(state["model"], strict=True)
-        if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
-            if scheduler_state is not None:
-                self.scheduler.load_state_dict(scheduler_state)
-
     def prepare_optimizer_for_load(self) -> None:
         """A fresh torch Adam has no state (no 'step') to load into: create it; the
         values are overwritten by the load (megatron does the same for FSDP)."""

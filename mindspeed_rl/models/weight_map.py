@@ -173,9 +173,6 @@ class WeightMap:
     def all_hf_names(self) -> list[str]:
         return list(self._hf_to_mg)
 
-    def megatron_name_for_hf(self, hf_name: str) -> str | None:
-        return self._hf_to_mg.get(hf_name)
-
     def is_ignored_hf(self, hf_name: str) -> bool:
         return any(p.fullmatch(hf_name) for p in self._ignored_hf)
 

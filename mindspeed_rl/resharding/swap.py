@@ -77,9 +77,6 @@ class StateSwapper:
     def nbytes(self, role: str) -> int:
         return sum(s.nbytes() for s in self._storages.get(role, ()))
 
-    def is_offloaded(self, role: str) -> bool:
-        return any(s._cdata in self._host for s in self._storages.get(role, ()))
-
     @torch.no_grad()
     def offload(self, roles: Iterable[str]) -> None:
         """Copy each role's storages to host and release their device memory."""

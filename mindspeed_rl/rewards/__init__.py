@@ -19,9 +19,9 @@ from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_fi
                                                has_final_answer_format)
 from mindspeed_rl.rewards.mindspeed_rl_verifiers import retool_call_bonus
 from mindspeed_rl.rewards.pool import RewardLimits, RewardPool, RewardPoolError, reward_pool_for
-from mindspeed_rl.rewards.registry import (NonFiniteRewardError, check_finite_scores,
-                                           compute_rewards, get_verifier, register_verifier,
-                                           registered_verifiers)
+from mindspeed_rl.rewards.registry import get_verifier, register_verifier, registered_verifiers
+from mindspeed_rl.rewards.scoring import (NonFiniteRewardError, check_finite_scores,
+                                          compute_rewards)
 
 __all__ = [
     "NonFiniteRewardError", "check_finite_scores", "compute_rewards", "extract_final_integer", "extract_final_number", "get_verifier",

@@ -187,7 +187,7 @@ class LaunchGuard:
         elif not (self.save_dir and can_save):
             verdict = _NO_SAVE_DIR
         elif tracker.rank == 0:
-            from mindspeed_rl.checkpoint.weight_source import read_tracker
+            from mindspeed_rl.checkpoint.tracker import read_tracker
             from mindspeed_rl.errors import CheckpointError
 
             try:

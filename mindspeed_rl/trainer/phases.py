@@ -16,10 +16,12 @@ import math
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.algorithms import (gae_advantages, group_normalized_advantages,
+from mindspeed_rl.algorithms import registry
+from mindspeed_rl.algorithms import (gae_advantages,
                                      groups_with_reward_spread, kl_penalty, overlong_penalty,
                                      token_level_rewards, token_mean_kl_per_sequence, whiten)
-from mindspeed_rl.config import phase_names as names
+from mindspeed_rl.algorithms import phase_names as names
+from mindspeed_rl.algorithms.masked import moments_from_sums
 from mindspeed_rl.config.checks import response_limit
 from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_call_bonus
 from mindspeed_rl.engine.actor import forward_logprobs
@@ -255,12 +257,23 @@ def _classify_new_groups(ctx: PhaseContext) -> list[tuple[int, list[int], bool]]
     return sorted(g for part in everyone for g in part)
 
 
+def _estimator(ctx: PhaseContext):
+    """(rl_config.adv_estimator's Estimator, its keyword arguments from rl_config)."""
+    est = registry.estimator(ctx.rl.adv_estimator)
+    return est, {key: getattr(ctx.rl, key) for key in est.params}
+
+
 def group_advantages(ctx: PhaseContext) -> dict[str, float]:
-    """GRPO: each response's reward against its group's (the n samples of its prompt)."""
+    """Each response's reward against its group's (the n samples of its prompt), by
+    ``rl_config.adv_estimator`` (group_norm: GRPO; rloo; reinforce_plus_plus_baseline,
+    whose advantages are then whitened over every response token of the batch)."""
     n = ctx.rl.n_samples_per_prompt
-    batch = ctx.flow.get(["rewards", "group_id", "sample_idx", "response_ids"],
-                         ctx.batch.kept_responses_per_generation_dp_rank, "gen_writers",
-                         whole_groups=True)
+    est, params = _estimator(ctx)
+    columns = ["rewards", "group_id", "sample_idx", "response_ids"]
+    if est.whiten_batch and ctx.flow.carries("response_mask"):
+        columns.append("response_mask")  # multi-turn: only the model's tokens are trained
+    batch = ctx.flow.get(columns, ctx.batch.kept_responses_per_generation_dp_rank,
+                         "gen_writers", whole_groups=True)
     advantages = []
     if batch is not None:
         # [groups, n] by (group_id, sample_idx): the math never relies on row order.
@@ -272,11 +285,75 @@ def group_advantages(ctx: PhaseContext) -> dict[str, float]:
                                f"n_samples_per_prompt={n} samples")
         grouped = torch.stack(batch["rewards"])[order].view(-1, n)
         adv = torch.empty(len(order))
-        adv[order] = group_normalized_advantages(
-            grouped, n, norm_by_std=ctx.rl.norm_adv_by_std_in_grpo).reshape(-1)
+        adv[order] = est.fn(grouped, **params).reshape(-1)
         advantages = [a.expand(len(r)).clone() for a, r in zip(adv, batch["response_ids"])]
+    if est.whiten_batch:
+        masks = batch["response_mask"] if "response_mask" in columns and batch is not None \
+            else [torch.ones(len(a)) for a in advantages]
+        advantages = _whitened_over_batch(advantages, [m.float() for m in masks])
     ctx.flow.put(batch, {"advantages": advantages})
     return {}
+
+
+def _whitened_over_batch(cells: list[torch.Tensor], masks: list[torch.Tensor],
+                         counted: bool = True) -> list[torch.Tensor]:
+    """Per-token cells whitened with the mean and unbiased variance of every rank's masked
+    tokens (verl's masked_whiten over the whole batch); masked tokens become 0. A rank
+    that holds copies of a peer's rows passes ``counted=False``."""
+    sums = [sum(float((c * m).sum()) for c, m in zip(cells, masks)),
+            sum(float((c.square() * m).sum()) for c, m in zip(cells, masks)),
+            sum(float(m.sum()) for m in masks)]
+    mean, var = moments_from_sums(*global_sums([v if counted else 0.0 for v in sums]))
+    return [whiten(c, m, mean, var) for c, m in zip(cells, masks)]
+
+
+def _token_rewards(ctx: PhaseContext, batch: DockBatch, mask: torch.Tensor,
+                   kl_in_reward: bool) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """(per-token rewards [rows, R], the KL to the reference [rows, R] or None, its
+    coefficient): the sequence score on the last token, minus the KL controller's
+    coefficient x the KL when ``kl_in_reward``."""
+    scores = torch.stack(batch["rewards"])
+    kl = None
+    if kl_in_reward:
+        _, logp_old = _padded(batch["logprobs_old"])  # (mask, values)
+        _, logp_ref = _padded(batch["logprobs_ref"])
+        kl = kl_penalty(logp_old, logp_ref, ctx.rl.kl_penalty) * mask
+    beta = ctx.state.kl_ctrl.value
+    return token_level_rewards(scores, mask, kl, beta), kl, beta
+
+
+def _kl_metrics(ctx: PhaseContext, beta: float, s_kl: float, rows: float,
+                kl_in_reward: bool) -> dict[str, float]:
+    """The KL coefficient, and with the KL in the reward its per-token mean (which the
+    adaptive controller follows)."""
+    metrics = {"actor/kl_coef": beta}
+    if kl_in_reward:
+        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per token
+        ctx.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
+    return metrics
+
+
+def discounted_returns(ctx: PhaseContext) -> dict[str, float]:
+    """REINFORCE++: each token's discounted return of the per-token reward (the KL to the
+    reference inside it when ``use_kl_in_reward``), whitened over the whole batch."""
+    rl = ctx.rl
+    est, params = _estimator(ctx)
+    kl_in_reward = rl.use_kl_in_reward and ctx.roles.reference is not None
+    columns = ["response_ids", "rewards"] + (
+        ["logprobs_old", "logprobs_ref"] if kl_in_reward else [])
+    batch = ctx.flow.get(columns, ctx.batch.responses_per_training_dp_rank, "train")
+    counted = counts_in_train_layout()
+    mask, _ = _padded([torch.ones(len(r)) for r in batch["response_ids"]])
+    rewards, kl, beta = _token_rewards(ctx, batch, mask, kl_in_reward)
+    returns = est.fn(rewards, mask, **params)
+    lengths = [int(m.sum()) for m in mask]
+    cells = [r[:k].clone() for r, k in zip(returns, lengths)]
+    advantages = _whitened_over_batch(cells, [torch.ones(k) for k in lengths], counted)
+    ctx.flow.put(batch, {"advantages": advantages})
+    s_kl, rows = global_sums([
+        float(token_mean_kl_per_sequence(kl, mask).sum()) if kl is not None and counted else 0.0,
+        float(len(lengths)) if counted else 0.0])
+    return _kl_metrics(ctx, beta, s_kl, rows, kl_in_reward)
 
 
 def gae(ctx: PhaseContext) -> dict[str, float]:
@@ -290,14 +367,8 @@ def gae(ctx: PhaseContext) -> dict[str, float]:
     batch = ctx.flow.get(columns, ctx.batch.responses_per_training_dp_rank, "train")
     counted = counts_in_train_layout()
     mask, values = _padded(batch["values"])
+    rewards, kl, beta = _token_rewards(ctx, batch, mask, kl_in_reward)
     scores = torch.stack(batch["rewards"])
-    kl = None
-    if kl_in_reward:
-        logp_old, _ = _padded(batch["logprobs_old"])
-        logp_ref, _ = _padded(batch["logprobs_ref"])
-        kl = kl_penalty(logp_old, logp_ref, rl.kl_penalty) * mask
-    beta = ctx.state.kl_ctrl.value
-    rewards = token_level_rewards(scores, mask, kl, beta)
     adv, returns = gae_advantages(rewards, values, mask, rl.gamma, rl.lam)
     # The KL controller reads each sequence's per-token mean KL, averaged over sequences.
     sums = [float((adv * mask).sum()), float((adv.square() * mask).sum()), float(mask.sum()),
@@ -311,11 +382,8 @@ def gae(ctx: PhaseContext) -> dict[str, float]:
     lengths = [int(m.sum()) for m in mask]
     ctx.flow.put(batch, {"advantages": [a[:k].clone() for a, k in zip(adv, lengths)],
                          "returns": [r[:k].clone() for r, k in zip(returns, lengths)]})
-    metrics = {"critic/returns_mean": s_ret / max(tokens, 1.0), "actor/kl_coef": beta}
-    if kl_in_reward:
-        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per token
-        ctx.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
-    return metrics
+    return {"critic/returns_mean": s_ret / max(tokens, 1.0),
+            **_kl_metrics(ctx, beta, s_kl, rows, kl_in_reward)}
 
 
 def _mark_off_policy(ctx: PhaseContext, rows: RowBatch, proximal: int) -> None:

@@ -1,7 +1,9 @@
-"""Algorithms as ordered lists of phases over one column contract.
+"""The phase table: each phase name (``mindspeed_rl/algorithms/phase_names.py``) with its
+function and when it runs; an algorithm's recipe is its family's phase list with its
+estimator's advantage phase (``mindspeed_rl/algorithms/registry.py``).
 
     GRPO: [reshard -> rollout -> reshard -> [reward model] -> reward -> [dynamic sampling]]
-          -> group advantages -> [old log-probs] -> [reference] -> actor update
+          -> [adv] -> [old log-probs] -> [reference] -> [discounted returns] -> actor update
     PPO:  [reshard -> rollout -> reshard -> [reward model] -> reward] -> values
           -> [old log-probs] -> [reference] -> GAE -> critic update -> actor update
 
@@ -9,10 +11,12 @@ The outer brackets are the generation round: the trainer repeats those phases un
 batch is ready (a round-closing phase such as DAPO's dynamic sampling may ask for
 another round on fresh prompts), then runs the rest once. Phases in inner brackets
 run only when the job needs them (a reward model is configured, dynamic sampling, more
-than one optimizer step per iteration, a KL term).
+than one optimizer step per iteration, a KL term); of GRPO's two advantage phases the
+estimator's runs (``adv``: group_norm, rloo, reinforce_plus_plus_baseline;
+``discounted_returns``: reinforce_plus_plus, after the forwards whose KL it may read).
 
-A new phase is one function ``phase(ctx) -> metrics`` (``phases.py``) and one line in
-``PHASES`` below, where its position is its place in every algorithm that runs it
+A new phase is one function ``phase(ctx) -> metrics`` (``phases.py``), one line in
+``PHASES`` below, and its name in the phase list of each family that runs it
 (docs/trainer.md has a worked example).
 """
 
@@ -21,10 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from mindspeed_rl.config.phase_names import (ADV, CRITIC_UPDATE, DYNAMIC_SAMPLING, GAE,
-                                             OLD_LOG_P, REFERENCE_MODEL, RESHARDING_TO_INFER,
-                                             RESHARDING_TO_TRAIN, REWARD, REWARD_MODEL, ROLLOUT,
-                                             UPDATE, VALUES)
+from mindspeed_rl.algorithms import registry
+from mindspeed_rl.algorithms.phase_names import (ADV, CRITIC_UPDATE, DISCOUNTED_RETURNS,
+                                                 DYNAMIC_SAMPLING, GAE, OLD_LOG_P,
+                                                 REFERENCE_MODEL, RESHARDING_TO_INFER,
+                                                 RESHARDING_TO_TRAIN, REWARD, REWARD_MODEL,
+                                                 ROLLOUT, UPDATE, VALUES)
 from mindspeed_rl.trainer import phases as p
 
 
@@ -32,57 +38,62 @@ from mindspeed_rl.trainer import phases as p
 class Phase:
     name: str  # also its timer (timing/<name>) and its TransferDock consumer name
     run: Callable  # run(ctx: PhaseContext) -> metrics
-    algorithms: tuple[str, ...]  # the algorithms that run it
     generation: bool = False  # part of the generation round (repeated until the batch is ready)
     needed: Callable = lambda config, plan: True  # needed(config, plan) -> bool
 
 
 def _old_logprobs_needed(config, plan) -> bool:
     """After the first optimizer step of an iteration the policy is no longer the one the
-    iteration started with (the proximal policy of a partial rollout's older rows); PPO's
-    KL-in-reward also reads those log-probs. With one optimizer step the update's own
-    forward runs at the proximal weights: its log-probs, detached, are the old ones."""
+    iteration started with (the proximal policy of a partial rollout's older rows); the
+    KL-in-reward (PPO, REINFORCE++) also reads those log-probs. With one optimizer step the
+    update's own forward runs at the proximal weights: its log-probs, detached, are the
+    old ones."""
     rl = config.rl_config
     return plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
 
 
-_GRPO, _PPO = ("grpo",), ("ppo",)
-_BOTH = _GRPO + _PPO
-
-# One line per phase, in the order phases run; ``algorithms`` says which algorithms run it.
+# One line per phase: its function, whether it belongs to the generation round, and when
+# a job needs it. The order phases run in is each family's (mindspeed_rl/algorithms/).
 PHASES: dict[str, Phase] = {phase.name: phase for phase in (
-    Phase(RESHARDING_TO_INFER, p.resharding_to_infer, _BOTH, generation=True),
-    Phase(ROLLOUT, p.rollout, _BOTH, generation=True),
-    Phase(RESHARDING_TO_TRAIN, p.resharding_to_train, _BOTH, generation=True),
-    Phase(REWARD_MODEL, p.reward_model, _BOTH, generation=True,
+    Phase(RESHARDING_TO_INFER, p.resharding_to_infer, generation=True),
+    Phase(ROLLOUT, p.rollout, generation=True),
+    Phase(RESHARDING_TO_TRAIN, p.resharding_to_train, generation=True),
+    Phase(REWARD_MODEL, p.reward_model, generation=True,
           needed=lambda config, plan: config.reward_config is not None),
-    Phase(REWARD, p.reward, _BOTH, generation=True),
-    Phase(DYNAMIC_SAMPLING, p.dynamic_sampling, _GRPO, generation=True,
+    Phase(REWARD, p.reward, generation=True),
+    Phase(DYNAMIC_SAMPLING, p.dynamic_sampling, generation=True,
           needed=lambda config, plan: config.rl_config.filter_groups_enable),
-    Phase(ADV, p.group_advantages, _GRPO),
-    Phase(VALUES, p.values, _PPO),
-    Phase(OLD_LOG_P, p.old_logprobs, _BOTH, needed=_old_logprobs_needed),
-    Phase(REFERENCE_MODEL, p.reference_logprobs, _BOTH,
+    Phase(ADV, p.group_advantages),
+    Phase(VALUES, p.values),
+    Phase(OLD_LOG_P, p.old_logprobs, needed=_old_logprobs_needed),
+    Phase(REFERENCE_MODEL, p.reference_logprobs,
           needed=lambda config, plan: config.rl_config.init_kl_coef != 0),
-    Phase(GAE, p.gae, _PPO),
-    Phase(CRITIC_UPDATE, p.critic_update, _PPO),
-    Phase(UPDATE, p.actor_update, _BOTH),
+    Phase(DISCOUNTED_RETURNS, p.discounted_returns),
+    Phase(GAE, p.gae),
+    Phase(CRITIC_UPDATE, p.critic_update),
+    Phase(UPDATE, p.actor_update),
 )}
 
 
-def algorithms_of(phases: dict[str, Phase]) -> dict[str, tuple[str, ...]]:
-    """Each algorithm's phase names, in the order of ``phases``."""
-    names = sorted({a for phase in phases.values() for a in phase.algorithms})
-    return {a: tuple(n for n, phase in phases.items() if a in phase.algorithms) for a in names}
+def recipes() -> dict[str, tuple[str, ...]]:
+    """Every registered (family, estimator) pair's phase names, keyed ``family/estimator``
+    (what the column contract is checked against)."""
+    return {f"{a.name}/{e.name}": registry.phases(a.name, e.name)
+            for a in registry.algorithms() for e in registry.estimators(a.name)}
 
 
-ALGORITHMS: dict[str, tuple[str, ...]] = algorithms_of(PHASES)
+# Each family's default recipe under its name ("grpo", "ppo"), and every (family,
+# estimator) recipe as "family/estimator" (the registry when this module was imported).
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    **{a.name: registry.phases(a.name, a.default_estimator) for a in registry.algorithms()},
+    **recipes()}
 
 
 def phases_of(config, plan) -> tuple[Phase, ...]:
-    """The phases ``config``'s algorithm runs, in order (those it does not need left out)."""
-    return tuple(PHASES[name] for name in ALGORITHMS[config.algorithm]
-                 if PHASES[name].needed(config, plan))
+    """The phases ``config``'s algorithm runs with its estimator, in order (those it does
+    not need left out)."""
+    names = registry.phases(config.algorithm, config.rl_config.adv_estimator)
+    return tuple(PHASES[name] for name in names if PHASES[name].needed(config, plan))
 
 
 def split_rounds(phases: tuple[Phase, ...]) -> tuple[tuple[Phase, ...], tuple[Phase, ...]]:

@@ -105,18 +105,18 @@ class TransferDock:
         eager_bytes: metadata a rank can publish inside the control collective
             (per call); larger puts take one more all-to-all.
 
-    A mode is a subclass that implements :meth:`_placement`; ``TransferDock(...)``
-    itself builds the default, distributed mode (:func:`build_transfer_dock` picks
-    one by name).
+    A mode is a subclass that implements :meth:`_placement`
+    (:class:`~mindspeed_rl.transfer_dock.DistributedTransferDock`, the default, and
+    ``CentralizedTransferDock``); :func:`build_transfer_dock` picks one by name. The base
+    class knows none of its modes, so it is not built directly.
     """
 
     mode: str  # each mode's name, as build_transfer_dock knows it
 
     def __new__(cls, *args, **kwargs):
-        if cls is TransferDock:  # TransferDock(...) as before: the distributed mode
-            from mindspeed_rl.transfer_dock.distributed import DistributedTransferDock
-
-            cls = DistributedTransferDock
+        if cls is TransferDock:
+            raise TypeError("TransferDock is the base of the dock's modes: build one with "
+                            "build_transfer_dock(mode, ...) or DistributedTransferDock(...)")
         return super().__new__(cls)
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, timeout_s: float | None = None,
@@ -636,12 +636,6 @@ class TransferDock:
         self.warehouse.load_state_dict(state["cells"])
         self._num_clears, self._num_calls = int(state["num_clears"]), int(state["num_calls"])
         self._pending = []
-
-    def num_ready(self, consumer: str, columns: Sequence[str]) -> int:
-        """Rows whose ``columns`` are all ready and that ``consumer`` has not taken (local, no
-        communication; same on every rank). Counts what is published: puts of results
-        since the last get are published by the next one."""
-        return int(self.controller.ready_mask(consumer, list(columns)).sum())
 
     def reset_metrics(self) -> None:
         self.metrics = DockMetrics()

@@ -3,8 +3,9 @@
 A phase's name is its timer (``timing/<name>``), its TransferDock consumer, its name in
 the column contract (``mindspeed_rl/trainer/columns.py``) and, for a phase that runs
 megatron micro-batches, its key in the batch plan's ``micro_batching``
-(``mindspeed_rl/config/plan.py``). The algorithms are lists of these names
-(``mindspeed_rl/trainer/recipes.py``).
+(``mindspeed_rl/config/plan.py``). Each algorithm family lists these names in the order
+it runs them (``mindspeed_rl/algorithms/grpo.py``, ``ppo.py``); the trainer maps each name
+to its function (``mindspeed_rl/trainer/recipes.py``).
 """
 
 RESHARDING_TO_INFER = "resharding_to_infer"
@@ -17,6 +18,7 @@ ADV = "adv"
 VALUES = "values"
 OLD_LOG_P = "old_log_p"
 REFERENCE_MODEL = "reference_model"
+DISCOUNTED_RETURNS = "discounted_returns"
 GAE = "gae"
 CRITIC_UPDATE = "critic_update"
 UPDATE = "update"

@@ -376,9 +376,11 @@ class RLConfig:
     use_remove_padding: bool = setting(False, (
         "packed sequences: the rows of a micro-batch run as one sequence (each attends only "
         "to itself, positions restart per row), so no position is padding. Uses megatron "
-        "PackedSeqParams (THD) where the attention supports it, else a block-diagonal causal "
-        "mask (said at start-up). Without use_dynamic_bsz a micro-batch packs the usual "
-        "micro_batch_size rows"))
+        "PackedSeqParams (THD): the core attention (mindspeed_rl.models.attention) runs each "
+        "row causally on its own, no mask over the whole packed length is built. Where the "
+        "attention cannot take THD (megatron's DotProductAttention, as on NPU) the rows are "
+        "laid side by side inside attention only (said at start-up). Without use_dynamic_bsz "
+        "a micro-batch packs the usual micro_batch_size rows"))
     share_backbone: bool = setting(False, (
         "with LoRA (actor_config.lora_target_modules): the reference model is the actor with "
         "its adapters switched off, so no second copy of the weights is built, loaded or "

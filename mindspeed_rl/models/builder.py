@@ -60,16 +60,26 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
     return TransformerConfig(**kwargs)
 
 
-def build_layer_spec(config):
-    """Megatron-core local (no Transformer Engine) decoder block spec; MoE layers per moe_layer_freq."""
+def build_layer_spec(config, core_attention: type | None = None):
+    """Megatron-core local decoder block spec (MoE layers per moe_layer_freq) with our core
+    attention (`mindspeed_rl.models.attention.core_attention_class`, or ``core_attention``)
+    in every layer."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    from mindspeed_rl.models.attention import core_attention_class
+
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    attention = core_attention or core_attention_class()
+    for layer in spec.layer_specs:
+        layer.submodules.self_attention.submodules.core_attention = attention
+    return spec
 
 
 def build_gpt_model(arch: ModelArchitecture, config, *, pre_process: bool | None = None,
-                    post_process: bool | None = None, parallel_output: bool = True):
-    """This rank's GPTModel (its PP stage, TP shard and EP experts)."""
+                    post_process: bool | None = None, parallel_output: bool = True,
+                    core_attention: type | None = None):
+    """This rank's GPTModel (its PP stage, TP shard and EP experts); ``core_attention``
+    overrides the platform's choice (e.g. megatron's DotProductAttention, for comparison)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
@@ -79,7 +89,7 @@ def build_gpt_model(arch: ModelArchitecture, config, *, pre_process: bool | None
         post_process = ps.is_pipeline_last_stage()
     return GPTModel(
         config=config,
-        transformer_layer_spec=build_layer_spec(config),
+        transformer_layer_spec=build_layer_spec(config, core_attention),
         vocab_size=arch.padded_vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,

@@ -1,0 +1,211 @@
+"""Core attention: the one place that picks the attention kernel of every model we build.
+
+:func:`core_attention_class` chooses per platform (`mindspeed_rl.platform`):
+
+* CUDA with Transformer Engine importable: megatron-core's ``TEDotProductAttention``
+  (flash / cuDNN attention, THD packing, context parallelism inside TE);
+* NPU with ``use_flash_attn`` (MindSpeed-RL's key): megatron-core's ``DotProductAttention``,
+  whose forward MindSpeed's megatron adaptor replaces with ``npu_fusion_attention`` when its
+  arguments carry ``--use-flash-attn`` (`mindspeed_rl.platform.platform` passes it);
+* everywhere else, CPU included: :class:`SDPAttention`, which calls
+  ``torch.nn.functional.scaled_dot_product_attention`` with ``is_causal`` so its fused
+  kernels (the CPU flash kernel, CUDA flash / memory-efficient) keep memory linear in the
+  sequence length: no ``[s, s]`` score matrix is ever built.
+
+megatron-core's own local ``DotProductAttention`` materialises ``[b, heads, s, s]`` scores
+plus an fp32 softmax copy, repeats K/V for grouped-query attention, refuses packed
+sequences (``PackedSeqParams``) and refuses different query/key and value head sizes
+(``k_channels``/``v_channels``, which multi-latent attention passes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.utils import divide
+
+# Packed rows whose lengths are within this ratio of the longest row of their group run in
+# one SDPA call, padded at their end to that row (causal attention keeps the padding out of
+# the real tokens, so the numbers are exact); shorter rows start a new group.
+GROUP_LENGTH_RATIO = 0.75
+
+
+def core_attention_class(device_type: str | None = None, use_flash_attn: bool = True):
+    """The core-attention module class for the layer spec on ``device_type`` (detected when None)."""
+    if device_type is None:
+        from mindspeed_rl.platform import setup_platform
+
+        device_type = setup_platform().device_type
+    if device_type == "cuda" and importlib.util.find_spec("transformer_engine") is not None:
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        return TEDotProductAttention
+    if device_type == "npu" and use_flash_attn:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        return DotProductAttention  # MindSpeed's adaptor swaps in its flash attention
+    return SDPAttention
+
+
+def _row_groups(lengths: list[int]) -> list[list[int]]:
+    """Row indices grouped for batched calls: longest first, a row joins the current group
+    while it is at least ``GROUP_LENGTH_RATIO`` of the group's longest row."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if lengths[i] == 0:
+            continue
+        if groups and lengths[i] >= GROUP_LENGTH_RATIO * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class SDPAttention(MegatronModule):
+    """megatron-core core attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    A drop-in for ``DotProductAttention`` in a layer spec (same constructor and forward).
+    Inputs ``[s, b, heads, d]`` (or ``[t, heads, d]`` with THD ``packed_seq_params``); output
+    ``[s, b, heads * d_v]`` (``[t, heads * d_v]``). Causal by the layer's mask type; an
+    explicit ``attention_mask`` (megatron's: True = masked out) is honoured but costs an
+    ``[s, s]`` tensor. Grouped-query attention uses SDPA's ``enable_gqa`` (K/V are not
+    repeated). With ``attention_softmax_in_fp32`` and 16-bit inputs on CPU, attention runs on
+    fp32 copies of q/k/v (exact fp32 softmax; on this CPU fp32 SDPA is also ~10x faster than
+    bf16); on accelerators SDPA's fused kernels keep the softmax statistics in fp32.
+    """
+
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType,
+                 attention_type: str, attention_dropout: Optional[float] = None,
+                 softmax_scale: Optional[float] = None, k_channels: Optional[int] = None,
+                 v_channels: Optional[int] = None, cp_comm_type: Optional[str] = None,
+                 pg_collection=None):
+        super().__init__(config=config)
+        if getattr(config, "softmax_type", "vanilla") != "vanilla":
+            raise ValueError(f"SDPAttention: softmax_type={config.softmax_type!r} is not "
+                             "supported (only 'vanilla')")
+        if getattr(config, "window_size", None) is not None:
+            raise ValueError("SDPAttention: sliding-window attention (window_size) is not "
+                             "supported")
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        if pg_collection is None:
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+        self.pg_collection = pg_collection
+        tp = pg_collection.tp.size()
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.k_channels = k_channels if k_channels is not None else config.kv_channels
+        self.v_channels = v_channels if v_channels is not None else config.kv_channels
+        self.num_heads_per_partition = divide(config.num_attention_heads, tp)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, tp)
+        self.hidden_size_per_partition = self.num_heads_per_partition * self.v_channels
+        # Same scale as DotProductAttention: apply_query_key_layer_scaling divides the scores
+        # by the layer number and multiplies them back inside its softmax, which cancels.
+        self.softmax_scale = (1.0 / math.sqrt(self.k_channels) if softmax_scale is None
+                              else softmax_scale)
+        self.dropout_p = (config.attention_dropout if attention_dropout is None
+                          else attention_dropout)
+        self.softmax_in_fp32 = config.attention_softmax_in_fp32
+
+    # ---- the SDPA call on [b, heads, s, d] -------------------------------------------------
+    def _sdpa(self, q, k, v, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """[b, n, s, dk], [b, g, s, dk], [b, g, s, dv] -> [b, n, s, dv]."""
+        out_dtype = q.dtype
+        if (self.softmax_in_fp32 and q.dtype in (torch.float16, torch.bfloat16)
+                and q.device.type == "cpu"):
+            q, k, v = q.float(), k.float(), v.float()
+        dk, dv = q.size(-1), v.size(-1)
+        # Fused kernels (the CPU flash kernel among them) want one head size for q, k and v:
+        # zero-pad the smaller side (zeros add nothing to q.k, and padded value columns are
+        # dropped), keeping the explicit scale of the real query/key head size.
+        if dv < dk:
+            v = F.pad(v, (0, dk - dv))
+        elif dk < dv:
+            q, k = F.pad(q, (0, dv - dk)), F.pad(k, (0, dv - dk))
+        causal = mask is None and self.attn_mask_type == AttnMaskType.causal
+        if causal and q.size(2) != k.size(2):
+            raise ValueError(f"SDPAttention: causal attention with {q.size(2)} queries and "
+                             f"{k.size(2)} keys is not supported (training self-attention)")
+        dropout = self.dropout_p if self.training else 0.0
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if mask is None else ~mask, dropout_p=dropout,
+            is_causal=causal, scale=self.softmax_scale,
+            enable_gqa=q.size(1) != k.size(1))
+        return out[..., :dv].to(out_dtype)
+
+    def _dropout_rng(self):
+        """megatron forks its TP RNG tracker for attention dropout (no SP), as DotProductAttention."""
+        import contextlib
+
+        if self.dropout_p == 0.0 or not self.training or self.config.sequence_parallel:
+            return contextlib.nullcontext()
+        from megatron.core import tensor_parallel
+
+        return tensor_parallel.get_cuda_rng_tracker().fork()
+
+    # ---- megatron's forward ---------------------------------------------------------------
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params: Optional[PackedSeqParams] = None):
+        if attention_bias is not None:
+            raise ValueError("SDPAttention: attention_bias is not supported")
+        if attn_mask_type is not None and attn_mask_type != self.attn_mask_type:
+            raise ValueError(f"SDPAttention: built for {self.attn_mask_type}, called with "
+                             f"{attn_mask_type}")
+        with self._dropout_rng():
+            if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+                return self._forward_thd(query, key, value, packed_seq_params)
+            if packed_seq_params is not None:
+                raise ValueError(f"SDPAttention: qkv_format={packed_seq_params.qkv_format!r} "
+                                 "is not supported (sbhd or thd)")
+            mask = attention_mask
+            if mask is not None:  # [b or 1, 1, s, s]: True is masked out
+                mask = mask.to(torch.bool)
+            # [s, b, n, d] -> [b, n, s, d]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            out = self._sdpa(q, k, v, mask)  # [b, n, s, dv]
+            return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), -1)
+
+    def _forward_thd(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
+        """[t, n, d] packed rows -> [t, n * dv]: one causal SDPA call per group of rows of
+        similar length, each row padded at its end to the longest of its group."""
+        cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None \
+            else params.cu_seqlens_q
+        cu_kv = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None \
+            else params.cu_seqlens_kv
+        if not torch.equal(cu_q.cpu(), cu_kv.cpu()):
+            raise ValueError("SDPAttention: packed rows need cu_seqlens_q == cu_seqlens_kv "
+                             "(self-attention)")
+        bounds = cu_q.tolist()
+        starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        if bounds[-1] != query.size(0):
+            raise ValueError(f"SDPAttention: cu_seqlens end at {bounds[-1]} but the packed "
+                             f"sequence has {query.size(0)} tokens")
+        out = query.new_empty(query.size(0), self.num_heads_per_partition, self.v_channels)
+        for group in _row_groups(lengths):
+            longest = lengths[group[0]]
+            if len(group) == 1:
+                s = starts[group[0]]
+                q, k, v = (t[s:s + longest].transpose(0, 1).unsqueeze(0)
+                           for t in (query, key, value))  # [1, n, L, d]
+                out[s:s + longest] = self._sdpa(q, k, v, None)[0].transpose(0, 1)
+                continue
+            start = torch.tensor([starts[i] for i in group])
+            length = torch.tensor([lengths[i] for i in group])
+            pos = torch.arange(longest)
+            # [rows, L]: packed index of each row's token (padding repeats its last token)
+            index = start[:, None] + torch.minimum(pos[None, :], length[:, None] - 1)
+            index = index.to(query.device)
+            q, k, v = (t[index].transpose(1, 2) for t in (query, key, value))  # [rows, n, L, d]
+            o = self._sdpa(q, k, v, None).transpose(1, 2)  # [rows, L, n, dv]
+            real = (pos[None, :] < length[:, None]).to(query.device)  # [rows, L]
+            out[index[real]] = o[real]
+        return out.reshape(out.size(0), -1)

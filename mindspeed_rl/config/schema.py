@@ -110,6 +110,19 @@ class ActorConfig(OptimizerKeys):
     pipeline_model_parallel_size: int = setting(1, "training pipeline parallelism (PP)")
     expert_model_parallel_size: int = setting(1, "expert parallelism for MoE models (EP); 1 for "
                                                  "dense models")
+    context_parallel_size: int = setting(1, (
+        "context parallelism (CP): each packed row is split over this many ranks along the "
+        "sequence, so one long row's activations and attention are shared out; the training "
+        "data-parallel size becomes world / (TP x CP x PP) (docs/long_context.md)"))
+    context_parallel_algo: Literal["megatron_cp_algo", "ulysses_cp_algo"] = setting(
+        "ulysses_cp_algo", (
+            "with context_parallel_size > 1: megatron_cp_algo = ring attention (each rank "
+            "holds two of 2 x CP load-balanced chunks of every row, K/V pass around the ring); "
+            "ulysses_cp_algo = all-to-all between sequence and head sharding (query and KV "
+            "heads must divide by TP x CP). MindSpeed-RL's default is ulysses_cp_algo"))
+    attention_mask_type: str = setting("causal", (
+        "the attention mask under context parallelism; only causal (each packed row attends "
+        "to its own earlier tokens) is built"))
     load: str | None = setting(None, "Megatron checkpoint directory to start from "
                                      "(tools/convert_ckpt.py output or an earlier save); null = "
                                      "the HF weights of megatron_training.model", path=True)

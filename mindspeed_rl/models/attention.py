@@ -92,6 +92,10 @@ class SDPAttention(MegatronModule):
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
             raise ValueError(f"SDPAttention: softmax_type={config.softmax_type!r} is not "
                              "supported (only 'vanilla')")
+        if config.context_parallel_size > 1:
+            raise NotImplementedError(
+                f"SDPAttention: context_parallel_size={config.context_parallel_size}: ring and "
+                "Ulysses attention over the CP group are not implemented here yet")
         if getattr(config, "window_size", None) is not None:
             raise ValueError("SDPAttention: sliding-window attention (window_size) is not "
                              "supported")

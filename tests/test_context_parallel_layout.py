@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mindspeed_rl.parallel.context_parallel import (RING, ULYSSES, cp_token_index,
-                                                    restore_token_order, row_multiple,
-                                                    zigzag_index)
+from mindspeed_rl.parallel.context_parallel import (cp_token_index, restore_token_order,
+                                                    row_multiple, zigzag_index)
 
 
 def test_zigzag_chunks_of_a_16_token_row():
@@ -22,29 +21,24 @@ def test_zigzag_chunks_of_a_16_token_row():
 
 def test_packed_rows_split_row_by_row():
     # rows of 8 and 16 tokens (already padded to 2 x CP = 4)
-    assert cp_token_index([8, 16], 2, 0, RING).tolist() == [0, 1, 6, 7,
-                                                            8, 9, 10, 11, 20, 21, 22, 23]
-    assert cp_token_index([8, 16], 2, 1, RING).tolist() == [2, 3, 4, 5,
-                                                            12, 13, 14, 15, 16, 17, 18, 19]
-    assert cp_token_index([8, 16], 2, 1, ULYSSES).tolist() == list(range(12, 24))
+    assert cp_token_index([8, 16], 2, 0).tolist() == [0, 1, 6, 7,
+                                                      8, 9, 10, 11, 20, 21, 22, 23]
+    assert cp_token_index([8, 16], 2, 1).tolist() == [2, 3, 4, 5,
+                                                      12, 13, 14, 15, 16, 17, 18, 19]
 
 
-@pytest.mark.parametrize("algo", [RING, ULYSSES])
 @pytest.mark.parametrize("cp", [2, 4])
-def test_restore_token_order_inverts_the_split(algo, cp):
+def test_restore_token_order_inverts_the_split(cp):
     segments = [8 * cp, 2 * cp, 4 * cp]
     values = torch.randn(sum(segments), 3)
-    parts = [values[cp_token_index(segments, cp, r, algo)] for r in range(cp)]
+    parts = [values[cp_token_index(segments, cp, r)] for r in range(cp)]
     assert all(len(p) == sum(segments) // cp for p in parts)
-    assert torch.equal(restore_token_order(parts, segments, algo), values)
+    assert torch.equal(restore_token_order(parts, segments), values)
 
 
 def test_padding_multiples_and_errors():
-    assert row_multiple(2, RING) == 4 and row_multiple(2, ULYSSES) == 2
-    assert row_multiple(2, RING, sequence_parallel_tp=2) == 8
+    assert row_multiple(2) == 4 and row_multiple(2, sequence_parallel_tp=2) == 8
     with pytest.raises(ValueError, match="does not split into 2 x CP = 4 equal chunks"):
         zigzag_index(10, 2, 0)
-    with pytest.raises(ValueError, match="does not split over CP = 4 ranks"):
-        cp_token_index([6], 4, 0, ULYSSES)
-    with pytest.raises(ValueError, match="context_parallel_algo='hybrid'"):
-        row_multiple(2, "hybrid")
+    with pytest.raises(ValueError, match="cp_rank=2 is not a rank of a CP group of 2"):
+        zigzag_index(8, 2, 2)

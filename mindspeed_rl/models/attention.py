@@ -92,19 +92,24 @@ class SDPAttention(MegatronModule):
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
             raise ValueError(f"SDPAttention: softmax_type={config.softmax_type!r} is not "
                              "supported (only 'vanilla')")
-        if config.context_parallel_size > 1:
-            raise NotImplementedError(
-                f"SDPAttention: context_parallel_size={config.context_parallel_size}: ring and "
-                "Ulysses attention over the CP group are not implemented here yet")
         if getattr(config, "window_size", None) is not None:
             raise ValueError("SDPAttention: sliding-window attention (window_size) is not "
                              "supported")
         from megatron.core.process_groups_config import ProcessGroupCollection
 
         if pg_collection is None:
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(
+                required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         tp = pg_collection.tp.size()
+        # Context parallelism (mindspeed_rl.models.context_parallel_attention): megatron's
+        # cp_comm_type "p2p" is ring attention (megatron_cp_algo), "a2a" Ulysses.
+        self.cp_group = getattr(pg_collection, "cp", None)
+        self.cp_size = self.cp_group.size() if self.cp_group is not None else 1
+        if self.cp_size > 1 and cp_comm_type not in ("p2p", "a2a"):
+            raise ValueError(f"SDPAttention: cp_comm_type={cp_comm_type!r} with context "
+                             "parallelism: use 'p2p' (ring) or 'a2a' (Ulysses)")
+        self.cp_comm_type = cp_comm_type
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.k_channels = k_channels if k_channels is not None else config.kv_channels
@@ -121,20 +126,25 @@ class SDPAttention(MegatronModule):
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
 
     # ---- the SDPA call on [b, heads, s, d] -------------------------------------------------
-    def _sdpa(self, q, k, v, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """[b, n, s, dk], [b, g, s, dk], [b, g, s, dv] -> [b, n, s, dv]."""
-        out_dtype = q.dtype
+    def _kernel_inputs(self, q, k, v):
+        """fp32 copies for a 16-bit softmax in fp32 on CPU; one head size for q, k and v:
+        fused kernels (the CPU flash kernel among them) want it, so the smaller side is
+        zero-padded (zeros add nothing to q.k, padded value columns are dropped; the scale
+        stays that of the real query/key head size). Heads are the last but one dim."""
         if (self.softmax_in_fp32 and q.dtype in (torch.float16, torch.bfloat16)
                 and q.device.type == "cpu"):
             q, k, v = q.float(), k.float(), v.float()
         dk, dv = q.size(-1), v.size(-1)
-        # Fused kernels (the CPU flash kernel among them) want one head size for q, k and v:
-        # zero-pad the smaller side (zeros add nothing to q.k, and padded value columns are
-        # dropped), keeping the explicit scale of the real query/key head size.
         if dv < dk:
             v = F.pad(v, (0, dk - dv))
         elif dk < dv:
             q, k = F.pad(q, (0, dv - dk)), F.pad(k, (0, dv - dk))
+        return q, k, v
+
+    def _sdpa(self, q, k, v, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """[b, n, s, dk], [b, g, s, dk], [b, g, s, dv] -> [b, n, s, dv]."""
+        out_dtype, dv = q.dtype, v.size(-1)
+        q, k, v = self._kernel_inputs(q, k, v)
         causal = mask is None and self.attn_mask_type == AttnMaskType.causal
         if causal and q.size(2) != k.size(2):
             raise ValueError(f"SDPAttention: causal attention with {q.size(2)} queries and "
@@ -165,6 +175,11 @@ class SDPAttention(MegatronModule):
             raise ValueError(f"SDPAttention: built for {self.attn_mask_type}, called with "
                              f"{attn_mask_type}")
         with self._dropout_rng():
+            if self.cp_size > 1:
+                if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
+                    raise ValueError("SDPAttention: context parallelism needs packed rows "
+                                     "(PackedSeqParams, THD) split in zig-zag chunks")
+                return self._forward_context_parallel(query, key, value, packed_seq_params)
             if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
                 return self._forward_thd(query, key, value, packed_seq_params)
             if packed_seq_params is not None:
@@ -178,22 +193,38 @@ class SDPAttention(MegatronModule):
             out = self._sdpa(q, k, v, mask)  # [b, n, s, dv]
             return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), -1)
 
+    def _forward_context_parallel(self, query, key, value, params: PackedSeqParams):
+        """This rank's zig-zag chunks ``[t, n, d]`` of packed rows -> ``[t, n * dv]``."""
+        from mindspeed_rl.models.context_parallel_attention import (ring_attention,
+                                                                   ulysses_attention)
+
+        segments = _segments(params)
+        if self.cp_comm_type == "a2a":
+            out = ulysses_attention(query, key, value, segments, self.cp_group,
+                                    lambda q, k, v: self._packed_rows(q, k, v, segments))
+            return out.reshape(out.size(0), -1)
+        dv, out_dtype = value.size(-1), query.dtype
+        q, k, v = self._kernel_inputs(query, key, value)
+        groups = q.size(1) // k.size(1)
+        if groups > 1:  # the ring kernel takes equal head counts: repeat K/V per group
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = ring_attention(q, k, v, segments, self.softmax_scale, self.cp_group)
+        return out[..., :dv].to(out_dtype).reshape(out.size(0), -1)
+
     def _forward_thd(self, query, key, value, params: PackedSeqParams) -> torch.Tensor:
-        """[t, n, d] packed rows -> [t, n * dv]: one causal SDPA call per group of rows of
-        similar length, each row padded at its end to the longest of its group."""
-        cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None \
-            else params.cu_seqlens_q
-        cu_kv = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None \
-            else params.cu_seqlens_kv
-        if not torch.equal(cu_q.cpu(), cu_kv.cpu()):
-            raise ValueError("SDPAttention: packed rows need cu_seqlens_q == cu_seqlens_kv "
-                             "(self-attention)")
-        bounds = cu_q.tolist()
-        starts, lengths = bounds[:-1], [b - a for a, b in zip(bounds[:-1], bounds[1:])]
-        if bounds[-1] != query.size(0):
-            raise ValueError(f"SDPAttention: cu_seqlens end at {bounds[-1]} but the packed "
+        """[t, n, d] packed rows -> [t, n * dv]."""
+        out = self._packed_rows(query, key, value, _segments(params))
+        return out.reshape(out.size(0), -1)
+
+    def _packed_rows(self, query, key, value, lengths: list[int]) -> torch.Tensor:
+        """[t, n, d] packed rows of these lengths -> [t, n, dv]: one causal SDPA call per
+        group of rows of similar length, each row padded at its end to the longest of its
+        group."""
+        if sum(lengths) != query.size(0):
+            raise ValueError(f"SDPAttention: cu_seqlens end at {sum(lengths)} but the packed "
                              f"sequence has {query.size(0)} tokens")
-        out = query.new_empty(query.size(0), self.num_heads_per_partition, self.v_channels)
+        starts = torch.tensor([0] + lengths[:-1]).cumsum(0).tolist()
+        out = query.new_empty(query.size(0), query.size(1), value.size(-1))
         for group in _row_groups(lengths):
             longest = lengths[group[0]]
             if len(group) == 1:
@@ -212,4 +243,17 @@ class SDPAttention(MegatronModule):
             o = self._sdpa(q, k, v, None).transpose(1, 2)  # [rows, L, n, dv]
             real = (pos[None, :] < length[:, None]).to(query.device)  # [rows, L]
             out[index[real]] = o[real]
-        return out.reshape(out.size(0), -1)
+        return out
+
+
+def _segments(params: PackedSeqParams) -> list[int]:
+    """Row lengths of the whole packed sequence (padded ones where given)."""
+    cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None \
+        else params.cu_seqlens_q
+    cu_kv = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None \
+        else params.cu_seqlens_kv
+    if not torch.equal(cu_q.cpu(), cu_kv.cpu()):
+        raise ValueError("SDPAttention: packed rows need cu_seqlens_q == cu_seqlens_kv "
+                         "(self-attention)")
+    bounds = cu_q.tolist()
+    return [b - a for a, b in zip(bounds[:-1], bounds[1:])]

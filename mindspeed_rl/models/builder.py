@@ -25,12 +25,19 @@ def describe_hf_dir(hf_dir: str | os.PathLike) -> ModelArchitecture:
     return describe_model(load_hf_config(hf_dir))
 
 
+# MindSpeed-RL's context_parallel_algo -> megatron-core's cp_comm_type (what the core
+# attention of `mindspeed_rl.models.attention` and Transformer Engine's read).
+CP_COMM_TYPES = {"megatron_cp_algo": "p2p", "ulysses_cp_algo": "a2a"}
+
+
 def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dtype = torch.float32,
                              sequence_parallel: bool = False, perform_initialization: bool = True,
-                             **overrides):
+                             context_parallel_algo: str = "megatron_cp_algo", **overrides):
     """The megatron TransformerConfig of ``arch`` for the current parallel state.
 
     ``overrides`` are further TransformerConfig fields (e.g. recompute settings, MoE aux loss).
+    Context parallelism comes from the parallel state; ``context_parallel_algo`` (ring or
+    Ulysses) becomes megatron's ``cp_comm_type``.
     ``perform_initialization=False`` skips the random init (faster when weights are loaded
     anyway) but megatron-core then also skips tagging parameters with their TP attributes
     (``tensor_model_parallel``, ``partition_dim``), which grad clipping, the distributed
@@ -47,6 +54,8 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
         pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
         expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
+        context_parallel_size=ps.get_context_parallel_world_size(),
+        cp_comm_type=CP_COMM_TYPES[context_parallel_algo],
         sequence_parallel=sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,

@@ -42,3 +42,19 @@ def test_padding_multiples_and_errors():
         zigzag_index(10, 2, 0)
     with pytest.raises(ValueError, match="cp_rank=2 is not a rank of a CP group of 2"):
         zigzag_index(8, 2, 2)
+
+
+@pytest.mark.parametrize("world,tp,cp,pp", [(8, 2, 2, 1), (8, 1, 2, 2), (16, 2, 2, 2)])
+def test_cp_peers_of_a_dp_rank_get_its_rows(world, tp, cp, pp):
+    """The TransferDock's training consumers: each DP rank's ranks are megatron's (its own
+    rank generator, order tp-cp-ep-dp-pp), CP peers included."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from mindspeed_rl.transfer_dock import ConsumerLayout
+
+    layout = ConsumerLayout.megatron(world, tp, pp, cp)
+    dp = world // (tp * cp * pp)
+    ranks = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+    # ranks sharing a DP index: everything but the dp dimension
+    peers = sorted(sorted(g) for g in ranks.get_ranks("tp-cp-pp"))
+    assert sorted(sorted(r) for r in layout.ranks_per_dp_rank) == peers

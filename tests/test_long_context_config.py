@@ -101,12 +101,18 @@ def test_rows_longer_than_max_model_len_are_refused(msrl):
                            "larger than generate_config.max_model_len=32768"), text
 
 
-def test_a_launch_with_cp_is_refused_until_it_runs(msrl):
-    """The dry run plans CP; a launch refuses it before any process group."""
-    text = str(error_of(check_runnable, msrl(CONFIGS[0])))
-    assert text.startswith("actor_config.context_parallel_size=2: context parallelism passes "
-                           "the dry run"), text
-    check_runnable(msrl(CONFIGS[0], "actor_config.context_parallel_size=1"))
+def test_a_launch_with_cp_and_a_critic_is_refused(msrl):
+    """CP runs the policy and the reference; a scalar-head model with CP is refused before
+    any process group."""
+    from dataclasses import replace
+
+    from mindspeed_rl.config.schema import CriticConfig
+
+    config = msrl(CONFIGS[0])
+    check_runnable(config)
+    text = str(error_of(check_runnable, replace(config, critic_config=CriticConfig())))
+    assert text.startswith("actor_config.context_parallel_size=2: context parallelism runs the "
+                           "policy and the reference here, not PPO's critic"), text
 
 
 def test_cp_keys_are_honoured_keys():

@@ -466,19 +466,17 @@ def _check_context_parallel(config: RLJobConfig) -> None:
              "parallelism) or the number of ranks to split each sequence over")
 
 
-# Context parallelism is planned (dry run) but its attention and per-token slicing do not run
-# yet: a launch must not silently compute full-sequence attention on each CP rank's chunk.
-CONTEXT_PARALLEL_RUNS = False
-
-
 def check_runnable(config: RLJobConfig) -> None:
-    """What the dry run plans but a launch cannot run yet (checked before any process group)."""
+    """What the dry run plans but a launch cannot run yet (checked before any process group):
+    context parallelism runs the actor and the reference (engine/context_parallel.py), not
+    the scalar-head models (PPO's critic, a reward model)."""
     cp = config.actor_config.context_parallel_size
-    _require(cp == 1 or CONTEXT_PARALLEL_RUNS, "actor_config.context_parallel_size", cp,
-             "context parallelism passes the dry run (layout, memory plan) but training with "
-             "it is not implemented yet in this version",
-             "launch with context_parallel_size: 1 (long rows still fit: attention memory is "
-             "linear in the row length)")
+    if cp == 1:
+        return
+    for section, what in (("critic_config", "PPO's critic"), ("reward_config", "a reward model")):
+        _require(getattr(config, section) is None, "actor_config.context_parallel_size", cp,
+                 f"context parallelism runs the policy and the reference here, not {what} "
+                 f"({section})", f"launch with context_parallel_size: 1, or without {section}")
 
 
 def _check_lora(config: RLJobConfig) -> None:

@@ -12,7 +12,8 @@ grouped-query case at ``--gqa-length``).
 
 Each measurement runs in a fresh process (one gloo rank, megatron's parallel state at TP 1).
 ``peak_mib`` is the rise of the process's resident-set high-water mark (``VmHWM``, reset
-through ``/proc/self/clear_refs`` once q/k/v exist) over a forward + backward after one
+through ``/proc/self/clear_refs`` once q/k/v exist; glibc's mmap threshold fixed at 64 KiB
+so that freed tensors leave the resident set) over a forward + backward after one
 warm-up pass: outputs, saved activations, gradients and kernel buffers, not the inputs
 themselves (the largest of ``--repeats`` passes). ``seconds`` is the fastest of them. Lengths above ``--megatron-max`` are
 skipped for megatron's attention (``L^2`` memory). The last stdout line is one JSON object::
@@ -163,10 +164,18 @@ def measure_micro_batch(hf_dir: str, length: int, algo: str) -> dict:
     return {"peak_mib": round(float(peak[0]), 1), "seconds": round(float(peak[1]), 3)}
 
 
+# glibc keeps freed blocks resident and raises its mmap threshold to the largest freed
+# block, so a pass after the warm-up could reuse memory without raising the high-water mark.
+# A fixed threshold (this disables the dynamic one) maps every block of 64 KiB or more on its
+# own and unmaps it when freed: the resident set follows the live tensors.
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
 def _micro_batch(hf_dir: str, length: int, ranks: int, algo: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(ranks), os.path.abspath(__file__), "--one-micro-batch", hf_dir, str(length), algo]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          env={**os.environ, **_MALLOC_ENV})
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -175,7 +184,8 @@ def _micro_batch(hf_dir: str, length: int, ranks: int, algo: str) -> dict:
 def _in_fresh_process(impl, length, heads, groups, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", impl, str(length), str(heads),
            str(groups), "--head-dim", str(args.head_dim), "--repeats", str(args.repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          env={**os.environ, **_MALLOC_ENV})
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -12,6 +12,10 @@
   kernels (the CPU flash kernel, CUDA flash / memory-efficient) keep memory linear in the
   sequence length: no ``[s, s]`` score matrix is ever built.
 
+Under context parallelism (megatron's ``cp_comm_type``: ``p2p`` ring, ``a2a`` Ulysses)
+:class:`SDPAttention` attends each rank's zig-zag chunks of the packed rows across the CP
+group (`mindspeed_rl.models.context_parallel_attention`).
+
 megatron-core's own local ``DotProductAttention`` materialises ``[b, heads, s, s]`` scores
 plus an fp32 softmax copy, repeats K/V for grouped-query attention, refuses packed
 sequences (``PackedSeqParams``) and refuses different query/key and value head sizes
@@ -81,6 +85,8 @@ class SDPAttention(MegatronModule):
     repeated). With ``attention_softmax_in_fp32`` and 16-bit inputs on CPU, attention runs on
     fp32 copies of q/k/v (exact fp32 softmax; on this CPU fp32 SDPA is also ~10x faster than
     bf16); on accelerators SDPA's fused kernels keep the softmax statistics in fp32.
+    With a CP group of more than one rank, packed rows only: ring or Ulysses by
+    ``cp_comm_type``.
     """
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType,

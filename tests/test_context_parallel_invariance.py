@@ -1,8 +1,8 @@
 """Context parallelism changes no number: CP 2 and 4, ring and Ulysses, equal CP 1 (fp32).
 
-One 4-rank gloo launch runs a tiny qwen2 (8 query heads over 4 KV heads) at TP 1, TP 2 and
-PP 2, first without CP and then with CP 2 (ring, Ulysses) and, at TP 1, CP 4 (ring,
-Ulysses). The global batch is the same in every layout (DP rank d takes rows d, d + DP,
+One 4-rank gloo launch runs a tiny qwen2 (8 query heads over 4 KV heads) at TP 1, TP 2,
+TP 2 with sequence parallelism and PP 2, first without CP and then with CP 2 (ring,
+Ulysses; ring only with SP) and, at TP 1, CP 4 (ring, Ulysses). The global batch is the same in every layout (DP rank d takes rows d, d + DP,
 ...): ragged rows (prompts of 3-9 tokens, responses of 1-12) whose lengths are not
 multiples of the chunk size. Checked within 1e-5 against the same TP/PP without CP:
 
@@ -25,10 +25,11 @@ pytestmark = pytest.mark.slow
 WORLD, ROWS, MAX_RESPONSE = 4, 16, 12
 TOL = 1e-5
 RING, ULYSSES = "megatron_cp_algo", "ulysses_cp_algo"
-# (TP, PP) -> the CP layouts compared with CP 1 at that TP/PP
-LAYOUTS = {(1, 1): [(2, RING), (2, ULYSSES), (4, RING), (4, ULYSSES)],
-           (2, 1): [(2, RING), (2, ULYSSES)],
-           (1, 2): [(2, RING), (2, ULYSSES)]}
+# (TP, PP, sequence parallel) -> the CP layouts compared with CP 1 at that TP/PP/SP
+LAYOUTS = {(1, 1, False): [(2, RING), (2, ULYSSES), (4, RING), (4, ULYSSES)],
+           (2, 1, False): [(2, RING), (2, ULYSSES)],
+           (2, 1, True): [(2, RING)],
+           (1, 2, False): [(2, RING), (2, ULYSSES)]}
 AGG_CASES = [("token-mean", "vanilla"), ("seq-mean-token-mean", "vanilla"),
              ("seq-mean-token-sum-norm", "vanilla"), ("seq-mean-token-mean", "gspo")]
 STATS = ("pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl", "grad_norm")
@@ -86,15 +87,16 @@ def _worker(hf_dir: str):
     arch = describe_hf_dir(hf_dir)
     spec = MicroBatching(max_tokens=48, packed=True)
     out = {}
-    for (tp, pp), cps in LAYOUTS.items():
+    for (tp, pp, sp), cps in LAYOUTS.items():
         baseline = {}
         for cp, algo in [(1, RING)] + cps:
-            initialize_megatron_parallel(ParallelLayout(WORLD, tp, pp, context_parallel_size=cp),
-                                         seed=1234)
+            initialize_megatron_parallel(ParallelLayout(WORLD, tp, pp, context_parallel_size=cp,
+                                                        sequence_parallel=sp), seed=1234)
             try:
                 def policy():
                     model = build_gpt_model(arch, build_transformer_config(
-                        arch, calculate_per_token_loss=True, context_parallel_algo=algo))
+                        arch, calculate_per_token_loss=True, context_parallel_algo=algo,
+                        sequence_parallel=sp))
                     load_hf_weights(model, arch, HFCheckpointReader(hf_dir))
                     return model
 
@@ -138,7 +140,7 @@ def _worker(hf_dir: str):
                                                     for a, b in zip(grads, g0))),
                             "grad_norm": stats["grad_norm"]}
                 if cp > 1:
-                    out[(tp, pp, cp, algo)] = result
+                    out[(tp, pp, sp, cp, algo)] = result
             finally:
                 destroy_megatron_parallel()
     return out
@@ -151,14 +153,14 @@ def results(tmp_path_factory):
     return run_on_ranks(_worker, WORLD, str(hf_dir), timeout=1500)[0]
 
 
-CASES = [(tp, pp, cp, algo) for (tp, pp), cps in LAYOUTS.items() for cp, algo in cps]
+CASES = [(tp, pp, sp, cp, algo) for (tp, pp, sp), cps in LAYOUTS.items() for cp, algo in cps]
 
 
-@pytest.mark.parametrize("tp,pp,cp,algo", CASES,
-                         ids=[f"tp{t}pp{p}cp{c}-{'ring' if a == RING else 'ulysses'}"
-                              for t, p, c, a in CASES])
-def test_context_parallel_gives_the_cp1_numbers(results, tp, pp, cp, algo):
-    r = results[(tp, pp, cp, algo)]
+@pytest.mark.parametrize("tp,pp,sp,cp,algo", CASES,
+                         ids=[f"tp{t}{'sp' if s else ''}pp{p}cp{c}-"
+                              f"{'ring' if a == RING else 'ulysses'}" for t, p, s, c, a in CASES])
+def test_context_parallel_gives_the_cp1_numbers(results, tp, pp, sp, cp, algo):
+    r = results[(tp, pp, sp, cp, algo)]
     assert r["logp"] < TOL and r["entropy"] < TOL, r
     for case in AGG_CASES:
         diffs = r[case]

@@ -17,6 +17,9 @@ from mindspeed_rl.parallel import LayoutError, ParallelLayout
           expert_model_parallel_size=2, expert_tensor_parallel_size=1,
           infer_tensor_parallel_size=8), 4, 2, 8),
     (dict(world_size=1), 1, 1, 1),
+    # CP joins TP x PP in the training tile; experts still spread over DP x CP
+    (dict(world_size=16, tensor_model_parallel_size=2, context_parallel_size=2,
+          pipeline_model_parallel_size=2, expert_model_parallel_size=2), 2, 16, 2),
 ])
 def test_derived_sizes(kwargs, dp, dp_g, edp):
     layout = ParallelLayout(**kwargs)
@@ -64,3 +67,26 @@ def test_model_checks():
         layout.check_model(num_attention_heads=32, num_query_groups=8, num_layers=3)
     with pytest.raises(LayoutError, match="expert_model_parallel_size=2 does not divide.*num_experts=3"):
         layout.check_model(num_attention_heads=32, num_query_groups=8, num_layers=4, num_experts=3)
+
+
+def test_context_parallel_must_divide_what_tp_and_pp_leave():
+    with pytest.raises(LayoutError, match=r"context_parallel_size=4 does not divide "
+                       r"world_size=24 / \(tensor_model_parallel_size=2 x "
+                       r"pipeline_model_parallel_size=2\) = 6 ranks"):
+        ParallelLayout(world_size=24, tensor_model_parallel_size=2,
+                       pipeline_model_parallel_size=2, context_parallel_size=4)
+
+
+def test_ulysses_heads_divide_tp_times_cp():
+    layout = ParallelLayout(world_size=8, tensor_model_parallel_size=2, context_parallel_size=2)
+    layout.check_model(num_attention_heads=12, num_query_groups=4, num_layers=2,
+                       context_parallel_algo="ulysses_cp_algo")
+    ring = ParallelLayout(world_size=2, context_parallel_size=2)  # SmolLM2's 9 heads
+    ring.check_model(num_attention_heads=9, num_query_groups=3, num_layers=2,
+                     context_parallel_algo="megatron_cp_algo")  # ring: no head split
+    with pytest.raises(LayoutError, match="does not divide the model's num_attention_heads=9"):
+        ring.check_model(num_attention_heads=9, num_query_groups=3, num_layers=2,
+                         context_parallel_algo="ulysses_cp_algo")
+    with pytest.raises(LayoutError, match="does not divide the model's num_key_value_heads=2"):
+        layout.check_model(num_attention_heads=12, num_query_groups=2, num_layers=2,
+                           context_parallel_algo="ulysses_cp_algo")

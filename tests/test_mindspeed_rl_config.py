@@ -242,7 +242,7 @@ def test_three_misspelled_keys_are_one_error(msrl):
 
 def test_values_this_project_cannot_honour_are_one_error(msrl):
     path = msrl(replace={"  infer_pipeline_parallel_size: 1\n": "  infer_pipeline_parallel_size: 2\n",
-                         "  seed: 1\n": "  seed: 1\n  context_parallel_size: 2\n",
+                         "  seed: 1\n": "  seed: 1\n  num_layers_per_virtual_pipeline_stage: 2\n",
                          "  clip_higher_enable: false\n":
                              "  clip_higher_enable: false\n  is_multimodal: true\n",
                          "  stage: ray_grpo\n": "  stage: ray_ppo\n"})
@@ -250,7 +250,7 @@ def test_values_this_project_cannot_honour_are_one_error(msrl):
     text = str(error)
     assert text.startswith("4 problems in grpo_tiny_moe.yaml:"), text
     for key in ("generate_config.infer_pipeline_parallel_size=2",
-                "megatron_training.context_parallel_size=2",
+                "megatron_training.num_layers_per_virtual_pipeline_stage=2",
                 "rl_config.is_multimodal=true", "megatron_training.stage='ray_ppo'"):
         assert key + ": cannot be honoured here" in text, key
 

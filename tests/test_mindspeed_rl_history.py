@@ -537,9 +537,10 @@ HISTORY = {
     "dapo_trainer_qwen25_32b_32k.yaml@e899876": "OK",
     "dapo_qwen25_7b_A2_multi_turn.yaml@88bc30d": "OK",
     "grpo_qwen3_235b_a22b_A2.yaml@4f551e3": "OK",
-    # refused: context parallelism, DeepSeek-V3, no data path
-    "dapo_qwen25_32b_A2_20k.yaml@6628b6e": "actor_config.context_parallel_size=2: cannot be "
-                                           "honoured here",
+    # long context: TP 8 x CP 2 (ring) x PP 2 on 64 NPUs
+    "dapo_qwen25_32b_A2_20k.yaml@6628b6e": "OK",
+    "dapo_qwen25_32b_A3_32k.yaml@6628b6e": "OK",
+    # refused: DeepSeek-V3, no data path
     "grpo_trainer_deepseekv3_671b.yaml@e05a299": "deepseekv3_671b.multi_head_latent_attention"
                                                  "=true: is an architecture not built here",
     "grpo_trainer_qwen25_7b.yaml@8eddc32": "megatron_training.data_path=null: required key is "

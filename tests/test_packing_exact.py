@@ -116,7 +116,7 @@ def _worker(hf_dir: str):
             out[(tp, pp, "groups")] = {
                 "used": used,
                 "similar": [sorted(g) for g in plan_micro_batches(batch.lengths(), replace(
-                    spec, similar_lengths=True), len(used))],
+                    spec, similar_lengths=True))],
                 "balanced": [sorted(g) for g in plan_micro_batches(batch.lengths(), spec,
                                                                    len(used))],
                 "lengths": batch.lengths()}
@@ -249,23 +249,18 @@ def test_the_layouts_really_differ(results, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["tp2", "pp2", "dp2"])
-def test_start_up_notice_names_the_fallback(results, layout):
-    """megatron's local attention cannot take PackedSeqParams: the notice says so and
-    names what runs instead."""
+def test_start_up_notice_names_thd(results, layout):
+    """Our core attention (SDPA on CPU) takes PackedSeqParams: packed rows reach it as THD
+    (megatron's local attention, which cannot, is covered in tests/test_attention.py)."""
     notice = results[(*layout, "notice")]
-    assert notice.startswith("use_remove_padding: DotProductAttention")
-    assert "cannot take PackedSeqParams (THD); fallback:" in notice
+    assert notice.startswith("use_remove_padding: packed sequences through megatron "
+                             "PackedSeqParams (THD) in SDPAttention"), notice
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["tp2", "pp2", "dp2"])
-def test_side_by_side_packing_groups_rows_of_similar_length(results, layout):
-    """Where packed rows are laid side by side in attention (padded to the longest row of
-    the micro-batch), the token-budget plan groups rows of similar length rather than
-    balancing real tokens: fewer padded attention rows for the same budget."""
+def test_thd_packing_balances_real_tokens(results, layout):
+    """With THD packing no row is padded inside attention, so the token-budget plan balances
+    real tokens over the micro-batches (it groups rows of similar length only for the
+    side-by-side fallback of megatron's local attention)."""
     r = results[(*layout, "groups")]
-    assert r["used"] == r["similar"] != r["balanced"]
-
-    def side_by_side(groups):
-        return sum(len(g) * max((r["lengths"][i] for i in g), default=0) for g in groups)
-
-    assert side_by_side(r["similar"]) < side_by_side(r["balanced"])
+    assert r["used"] == r["balanced"] != r["similar"]

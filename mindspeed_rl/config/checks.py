@@ -35,6 +35,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_roles(config)
     _check_lengths(config)
     _check_training_features(config)
+    _check_context_parallel(config)
     _check_lora(config)
     _check_generation_features(config)
     _check_partial_rollout(config)
@@ -479,6 +480,30 @@ LORA_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 _HF_LINEARS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv",
                "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1",
                "down_proj": "linear_fc2"}
+
+
+def _check_context_parallel(config: RLJobConfig) -> None:
+    """Context parallelism's own keys (its divisibilities are the layout's: plan.py)."""
+    a = config.actor_config
+    _require(a.attention_mask_type == "causal", "actor_config.attention_mask_type",
+             a.attention_mask_type, "only causal attention is built here (each packed row "
+             "attends to its own earlier tokens)", "use attention_mask_type: causal")
+    _require(a.context_parallel_size >= 1, "actor_config.context_parallel_size",
+             a.context_parallel_size, "must be a positive integer", "use 1 (no context "
+             "parallelism) or the number of ranks to split each sequence over")
+
+
+def check_runnable(config: RLJobConfig) -> None:
+    """What the dry run plans but a launch cannot run yet (checked before any process group):
+    context parallelism runs the actor and the reference (engine/context_parallel.py), not
+    the scalar-head models (PPO's critic, a reward model)."""
+    cp = config.actor_config.context_parallel_size
+    if cp == 1:
+        return
+    for section, what in (("critic_config", "PPO's critic"), ("reward_config", "a reward model")):
+        _require(getattr(config, section) is None, "actor_config.context_parallel_size", cp,
+                 f"context parallelism runs the policy and the reference here, not {what} "
+                 f"({section})", f"launch with context_parallel_size: 1, or without {section}")
 
 
 def _check_lora(config: RLJobConfig) -> None:

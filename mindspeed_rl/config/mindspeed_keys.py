@@ -191,10 +191,8 @@ ROWS: list[KeyRow] = [
     *_na(MEGATRON, "optimizer", "the optimizer is Adam(W)", _one_of("adam", None), "adam"),
     *_na(MEGATRON, "no_save_optim no_save_rng", "checkpoints always hold the optimizer and RNG "
          "state here (a resumed run repeats the uninterrupted one)"),
-    *_na(MEGATRON, "context_parallel_size", "context parallelism is not implemented here; it "
-         "changes the layout", _at_most_one, "1"),
-    *_na(MEGATRON, "context_parallel_algo attention_mask_type", "context-parallel settings "
-         "(context_parallel_size is 1)"),
+    *_same(MEGATRON, "context_parallel_size context_parallel_algo attention_mask_type",
+           "actor_config"),
     *_na(MEGATRON, "num_layers_per_virtual_pipeline_stage", "virtual pipeline stages are not "
          "implemented here", _off, "null"),
     *_na(MEGATRON, "ai_framework", "PyTorch only", _off, "null"),
@@ -372,7 +370,9 @@ ROWS: list[KeyRow] = [
           "MindSpeed-RL master 2026-01-15 (reverted the same day)", NOT_APPLICABLE,
           "vLLM context parallelism is not used here", _at_most_one, "1"),
     *_old(MEGATRON, "cp_attention_mask_type", "MindSpeed-RL 2.2.0 (2025-06-30 to 2025-10-16)",
-          NOT_APPLICABLE, "a context-parallel setting (context_parallel_size is 1)"),
+          NOT_APPLICABLE, "2.2.0's mask type of context parallelism; only causal attention "
+          "is built here (actor_config.attention_mask_type)", _one_of("causal", None),
+          "causal"),
     *_old(MEGATRON, "use_mc2", _MARCH_2025, NOT_APPLICABLE, _KERNEL),
     *_old(MEGATRON, "use_deter_comp", "MindSpeed-RL 2.0.0 to 2.2.0 (2025-03-27 to "
           "2025-10-16)", NOT_APPLICABLE, _KERNEL),

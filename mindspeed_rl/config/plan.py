@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindspeed_rl.algorithms import phase_names as names
-from mindspeed_rl.config.checks import packing_budgets
+from mindspeed_rl.config.checks import packing_budgets, response_limit
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.schema import RLJobConfig
@@ -32,6 +32,8 @@ _LAYOUT_KEYS = {
     "world_size": "world_size",
     "tensor_model_parallel_size": "actor_config.tensor_model_parallel_size",
     "pipeline_model_parallel_size": "actor_config.pipeline_model_parallel_size",
+    "context_parallel_size": "actor_config.context_parallel_size",
+    "context_parallel_algo": "actor_config.context_parallel_algo",
     "expert_model_parallel_size": "actor_config.expert_model_parallel_size",
     "expert_tensor_parallel_size": "actor_config.expert_tensor_parallel_size",
     "sequence_parallel": "megatron_training.sequence_parallel",
@@ -217,6 +219,7 @@ class Plan:
             "world_size": self.world_size,
             "layout": {
                 "training": {"tensor_model_parallel_size": lay.tensor_model_parallel_size,
+                             "context_parallel_size": lay.context_parallel_size,
                              "pipeline_model_parallel_size": lay.pipeline_model_parallel_size,
                              "data_parallel_size": lay.data_parallel_size,
                              "expert_model_parallel_size": lay.expert_model_parallel_size,
@@ -248,11 +251,12 @@ class Plan:
                   f"            {self.model['num_parameters']:,} parameters "
                   f"({self.model['num_parameters'] / 1e9:.2f} B)", ""]
         sp = "on" if lay.sequence_parallel else "off"
-        lines += ["layouts                  TP   PP   DP   EP   SP",
+        lines += ["layouts                  TP   CP   PP   DP   EP   SP",
                   f"  training (megatron)  {lay.tensor_model_parallel_size:>4} "
+                  f"{lay.context_parallel_size:>4} "
                   f"{lay.pipeline_model_parallel_size:>4} {lay.data_parallel_size:>4} "
                   f"{lay.expert_model_parallel_size:>4} {sp:>4}",
-                  f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {1:>4} "
+                  f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {'-':>4} {1:>4} "
                   f"{lay.infer_data_parallel_size:>4} "
                   f"{self.infer_expert_parallel_size or '-':>4}    -", ""]
         lines += ["initial weights"] + [f"  {line}" for line in self.weights] + [""]
@@ -306,7 +310,8 @@ class Plan:
         lines.append(f"  {'-' * (mem_width + 9)}")
         for key, value in self.phase_bytes.items():
             lines.append(f"  {self.labels[key]:<{mem_width}}{value / GIB:>9.2f}")
-        lines.append("  not included: activations, communication buffers, framework overhead")
+        lines.append("  activations are not in the phase sums; not included: communication "
+                     "buffers, framework overhead")
         if self.notices:
             lines += ["", f"MindSpeed-RL keys translated, or accepted without effect here "
                           f"({len(self.notices)}):"]
@@ -355,7 +360,8 @@ def accepted_world_sizes(config: RLJobConfig, count: int = 4, limit: int = 8192)
 def _world_size_step(config: RLJobConfig) -> int:
     """Every valid world size is a multiple of this (TP x PP, EP x TP x PP and TP_g tile it)."""
     a, g = config.actor_config, config.generate_config
-    tp_pp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size
+    tp_pp = (a.tensor_model_parallel_size * a.context_parallel_size
+             * a.pipeline_model_parallel_size)
     etp = a.expert_tensor_parallel_size or a.tensor_model_parallel_size
     return math.lcm(tp_pp, a.expert_model_parallel_size * etp * a.pipeline_model_parallel_size,
                     g.infer_tensor_parallel_size * g.infer_expert_parallel_size)
@@ -369,7 +375,8 @@ def _layout_sizes(config: RLJobConfig, world_size: int) -> dict[str, Any]:
                 expert_model_parallel_size=a.expert_model_parallel_size,
                 expert_tensor_parallel_size=a.expert_tensor_parallel_size,
                 sequence_parallel=config.megatron_training.sequence_parallel,
-                infer_tensor_parallel_size=config.generate_config.infer_tensor_parallel_size)
+                infer_tensor_parallel_size=config.generate_config.infer_tensor_parallel_size,
+                context_parallel_size=a.context_parallel_size)
 
 
 def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
@@ -381,7 +388,8 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
         smallest.check_model(num_attention_heads=m.num_attention_heads,
                              num_query_groups=m.num_kv_heads, num_layers=m.num_hidden_layers,
                              num_experts=m.num_experts if m.is_moe else None,
-                             num_layer_list=a.num_layer_list)
+                             num_layer_list=a.num_layer_list,
+                             context_parallel_algo=a.context_parallel_algo)
         layout = ParallelLayout(**_layout_sizes(config, world_size))
     except LayoutError as e:
         raise ConfigError(None, _with_sections(str(e))) from None
@@ -540,12 +548,53 @@ def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
                      * _kv_heads_per_generation_rank(config, layout) * m.kv_channels
                      * infer_bytes),
     }
+    memory.update(_activation_bytes(config, layout))
     if config.critic_config is not None:
         # Same body as the actor; its scalar head is negligible next to the LM head it lacks.
         memory["critic"] = train_params * (train_bytes + 4) + optimizer
     if config.reward_config is not None:
         memory["reward_model"] = train_params * train_bytes
     return memory, optim_label
+
+
+def update_micro_batch_tokens(config: RLJobConfig) -> int:
+    """Tokens of the largest update micro-batch: the packing budget with use_dynamic_bsz,
+    else micro_batch_size rows of the longest prompt + response."""
+    rl = config.rl_config
+    longest = rl.max_prompt_length + response_limit(config)
+    if rl.use_dynamic_bsz:
+        budget = rl.update_max_packing_token_size or rl.max_packing_token_size
+        if budget:
+            return budget
+    return config.actor_config.micro_batch_size * longest
+
+
+def _activation_bytes(config: RLJobConfig, layout: ParallelLayout) -> dict[str, int]:
+    """Activations of the update on the heaviest rank: one micro-batch's tokens, split over
+    CP (and over TP by sequence parallelism), through the first stage's layers, with as many
+    micro-batches in flight as pipeline stages (1F1B); and the fp32 vocabulary logits of one
+    micro-batch on the last stage.
+
+    Per token and layer, 16-bit activations take 34 h / TP bytes with sequence parallelism,
+    (10 + 24 / TP) h without (Korthikanti et al. 2022, "Reducing Activation Recomputation",
+    Table 2, with a memory-linear attention kernel: no s^2 term); full recompute keeps each
+    layer's input (2 h / TP, or 2 h) plus one layer's full set; fp32 doubles it.
+    """
+    m, a, mt = config.model, config.actor_config, config.megatron_training
+    tp, cp, pp = (layout.tensor_model_parallel_size, layout.context_parallel_size,
+                  layout.pipeline_model_parallel_size)
+    tokens = -(-update_micro_batch_tokens(config) // cp)
+    h, scale = m.hidden_size, (1 if mt.bf16 else 2)
+    sp = layout.sequence_parallel
+    per_layer = tokens * h * (34 / tp if sp else 10 + 24 / tp) * scale
+    layers = max(pipeline_stage_layers(m.num_hidden_layers, pp, a.num_layer_list))
+    if a.recompute_granularity == "full":
+        kept = tokens * h * (2 / tp if sp else 2) * scale
+        stage = kept * layers + per_layer
+    else:
+        stage = per_layer * layers
+    return {"activations": int(stage * pp),
+            "logits": tokens * padded_vocab_size(m.vocab_size) // tp * 4}
 
 
 def _kv_heads_per_generation_rank(config: RLJobConfig, layout: ParallelLayout) -> int:
@@ -592,6 +641,11 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
         "actor_optimizer": optim_label + (" of the LoRA adapters only"
                                           if a.lora_target_modules else ""),
         "reference_params": _reference_label(config, train_dtype),
+        "activations": (f"activations (update micro-batch: {update_micro_batch_tokens(config):,}"
+                        f" tokens / CP={layout.context_parallel_size}, {pp} in flight"
+                        + (", full recompute" if a.recompute_granularity == "full" else "")
+                        + ")"),
+        "logits": f"output logits (fp32, one micro-batch / CP over vocab / TP={tp})",
         "vllm_weights": f"vLLM weights ({config.generation_dtype}, "
                         f"TP_g={layout.infer_tensor_parallel_size})",
         "critic": "critic (params + fp32 grads + optimizer; on host when idle)",

@@ -110,6 +110,19 @@ class ActorConfig(OptimizerKeys):
     pipeline_model_parallel_size: int = setting(1, "training pipeline parallelism (PP)")
     expert_model_parallel_size: int = setting(1, "expert parallelism for MoE models (EP); 1 for "
                                                  "dense models")
+    context_parallel_size: int = setting(1, (
+        "context parallelism (CP): each packed row is split over this many ranks along the "
+        "sequence, so one long row's activations and attention are shared out; the training "
+        "data-parallel size becomes world / (TP x CP x PP) (docs/long_context.md)"))
+    context_parallel_algo: Literal["megatron_cp_algo", "ulysses_cp_algo"] = setting(
+        "ulysses_cp_algo", (
+            "with context_parallel_size > 1: megatron_cp_algo = ring attention (each rank "
+            "holds two of 2 x CP load-balanced chunks of every row, K/V pass around the ring); "
+            "ulysses_cp_algo = all-to-all between sequence and head sharding (query and KV "
+            "heads must divide by TP x CP). MindSpeed-RL's default is ulysses_cp_algo"))
+    attention_mask_type: str = setting("causal", (
+        "the attention mask under context parallelism; only causal (each packed row attends "
+        "to its own earlier tokens) is built"))
     load: str | None = setting(None, "Megatron checkpoint directory to start from "
                                      "(tools/convert_ckpt.py output or an earlier save); null = "
                                      "the HF weights of megatron_training.model", path=True)
@@ -379,9 +392,11 @@ class RLConfig:
     use_remove_padding: bool = setting(False, (
         "packed sequences: the rows of a micro-batch run as one sequence (each attends only "
         "to itself, positions restart per row), so no position is padding. Uses megatron "
-        "PackedSeqParams (THD) where the attention supports it, else a block-diagonal causal "
-        "mask (said at start-up). Without use_dynamic_bsz a micro-batch packs the usual "
-        "micro_batch_size rows"))
+        "PackedSeqParams (THD): the core attention (mindspeed_rl.models.attention) runs each "
+        "row causally on its own, no mask over the whole packed length is built. Where the "
+        "attention cannot take THD (megatron's DotProductAttention, as on NPU) the rows are "
+        "laid side by side inside attention only (said at start-up). Without use_dynamic_bsz "
+        "a micro-batch packs the usual micro_batch_size rows"))
     share_backbone: bool = setting(False, (
         "with LoRA (actor_config.lora_target_modules): the reference model is the actor with "
         "its adapters switched off, so no second copy of the weights is built, loaded or "

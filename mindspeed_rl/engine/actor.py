@@ -15,6 +15,7 @@ from mindspeed_rl.algorithms import (OFF_POLICY_IS_THRESHOLD, agg_loss,
                                      entropy_from_vocab_parallel_logits, kl_penalty,
                                      default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
                                      off_policy_is_weights, policy_loss, truncated_is_weights)
+from mindspeed_rl.engine.context_parallel import ContextParallelOutputs
 from mindspeed_rl.engine.micro_batches import MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.engine.optim import TrainableModel
 from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
@@ -237,16 +238,28 @@ def policy_logits(logits: torch.Tensor, vocab_size: int, temperature: float) -> 
     return logits if temperature == 1.0 else logits / temperature
 
 
-def response_logprobs(logits: torch.Tensor, mb: MicroBatch, vocab_size: int,
-                      temperature: float = 1.0) -> torch.Tensor:
+def response_logprobs(logits: "torch.Tensor | ContextParallelOutputs", mb: MicroBatch,
+                      vocab_size: int, temperature: float = 1.0) -> torch.Tensor:
+    """[b, R] log-probs of the response tokens, from their positions' logits ``[b, R, V/tp]``
+    (or, under context parallelism, this CP rank's positions, gathered)."""
+    if isinstance(logits, ContextParallelOutputs):
+        return logits.response_values(
+            lambda local, ids: _token_logprobs(local, ids, vocab_size, temperature))
+    return _token_logprobs(logits, mb.response_ids, vocab_size, temperature)
+
+
+def _token_logprobs(logits, ids, vocab_size: int, temperature: float) -> torch.Tensor:
     all_max, all_sum, tp_rank = tp_reductions()
     logits = policy_logits(logits, vocab_size, temperature)
-    return logprobs_from_vocab_parallel_logits(logits, mb.response_ids, tp_rank * logits.size(-1),
+    return logprobs_from_vocab_parallel_logits(logits, ids, tp_rank * logits.size(-1),
                                                all_max, all_sum)  # [b, R]
 
 
-def response_entropy(logits: torch.Tensor, vocab_size: int,
+def response_entropy(logits: "torch.Tensor | ContextParallelOutputs", vocab_size: int,
                      temperature: float = 1.0) -> torch.Tensor:
+    if isinstance(logits, ContextParallelOutputs):
+        return logits.response_values(
+            lambda local, _: response_entropy(local, vocab_size, temperature))
     all_max, all_sum, _ = tp_reductions()
     return entropy_from_vocab_parallel_logits(policy_logits(logits, vocab_size, temperature),
                                               all_max, all_sum)  # [b, R]

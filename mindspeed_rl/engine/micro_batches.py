@@ -212,22 +212,26 @@ def _split_to(groups: list[list[int]], count: int, lengths: Sequence[int]) -> li
 def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
                       seq_len: int | None = None, resp_len: int | None = None,
                       num_sequences: int | None = None, pad_id: int = 0,
-                      pad_multiple: int = 1) -> MicroBatch:
+                      pad_multiple: int = 1, row_multiple: int = 1) -> MicroBatch:
     """Lay out ``rows`` of ``batch`` as one micro-batch.
 
     Padded: ``num_sequences`` sequences (default: one per row; missing ones are empty)
     of ``seq_len`` tokens (default: the group's longest row) and ``resp_len`` response
     slots (default: the group's longest response). Packed: one sequence holding every
     row. ``S`` is rounded up to a multiple of ``pad_multiple`` (sequence parallelism
-    splits it over the TP ranks). A group without rows gets one padding token.
+    splits it over the TP ranks). Packed, ``row_multiple`` pads each row at its end to a
+    multiple (context parallelism cuts every row into 2 x CP chunks). A group without rows
+    gets one padding token.
     """
     rows = list(rows)
     plen = [len(batch.prompts[i]) for i in rows]
     rlen = [len(batch.responses[i]) for i in rows]
     real = sum(plen) + sum(rlen)
+    # packed: each row's length in the sequence (its padding after its real tokens)
+    padded = [-(-(p + r) // row_multiple) * row_multiple for p, r in zip(plen, rlen)]
     if packed:
         b = 1
-        S = max(real, 1)
+        S = max(sum(padded), 1)
         R = max(sum(rlen), 1)
     else:
         b = num_sequences or max(len(rows), 1)
@@ -250,7 +254,7 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
         tokens[j, start:start + len(p)] = p
         tokens[j, start + len(p):start + n] = r
         if packed:
-            positions[0, start:start + n] = torch.arange(n)
+            positions[0, start:start + padded[k]] = torch.arange(padded[k])
         response_ids[j, r_start:r_start + len(r)] = r
         # the output at position t predicts token t+1
         response_index[j, r_start:r_start + len(r)] = torch.arange(start + len(p) - 1,
@@ -262,15 +266,14 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
                 v.expand(len(r))
         spans.append((j, r_start, len(r)))
         if packed:
-            offset += n
+            offset += padded[k]
             r_offset += len(r)
     if packed:
         # Padding after the last row (pad_multiple) restarts its own positions.
         positions[0, offset:] = torch.arange(S - offset)
     if LOSS_MASK in extras:  # multi-turn: tool responses and template glue are not the model's
         mask = mask * extras.pop(LOSS_MASK)
-    segments = ([p + r for p, r in zip(plen, rlen)] + ([S - real] if S > real else [])
-                if packed else None)
+    segments = (padded + ([S - offset] if S > offset else []) if packed else None)
     return MicroBatch(tokens, positions, response_index, response_ids, mask, extras, len(rows),
                       rows, spans, segments, list(zip(plen, rlen)), num_tokens=int(mask.sum()),
                       real_tokens=real,
@@ -279,7 +282,7 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
 
 def make_micro_batches(batch: RowBatch, micro_batching: "int | MicroBatching",
                        count: int | None = None, pad_id: int = 0,
-                       pad_multiple: int = 1) -> list[MicroBatch]:
+                       pad_multiple: int = 1, row_multiple: int = 1) -> list[MicroBatch]:
     """The micro-batches of ``batch`` (``count`` of them: see :func:`plan_micro_batches`).
 
     A plain int ``micro_batching`` is today's layout: ``micro_batch_size`` rows per
@@ -295,4 +298,5 @@ def make_micro_batches(batch: RowBatch, micro_batching: "int | MicroBatching",
                                   num_sequences=spec.micro_batch_size, pad_id=pad_id,
                                   pad_multiple=pad_multiple) for g in groups]
     return [build_micro_batch(batch, g, packed=spec.packed, pad_id=pad_id,
-                              pad_multiple=pad_multiple) for g in groups]
+                              pad_multiple=pad_multiple, row_multiple=row_multiple)
+            for g in groups]

@@ -5,10 +5,11 @@ only to itself and see positions that restart at 0. Two ways to say that to a
 megatron GPTModel:
 
 * ``thd``: megatron-core's ``PackedSeqParams`` (``qkv_format="thd"``, cumulative
-  row lengths). The attention kernel (Transformer Engine / flash attention on
-  CUDA and NPU) skips the other rows, and megatron's RoPE restarts per row.
-* ``rows``: megatron's local ``DotProductAttention`` (no Transformer Engine, e.g.
-  on CPU) rejects ``PackedSeqParams``. Everything but attention is per token, so
+  row lengths). The core attention (`mindspeed_rl.models.attention`: SDPA per row
+  group on CPU, Transformer Engine on CUDA) attends within each row, and megatron's
+  RoPE restarts per row. This is what our models use.
+* ``rows``: megatron's local ``DotProductAttention`` (the class MindSpeed patches
+  with its flash attention on NPU) rejects ``PackedSeqParams``. Everything but attention is per token, so
   the packed sequence runs through the model as one ``[T, 1, h]`` sequence; only
   inside each layer's core attention are its rows laid side by side
   (``[longest row, rows, ...]``, gathered from the packed query/key/value), run

@@ -21,10 +21,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from mindspeed_rl.engine.context_parallel import (ContextParallelOutputs, context_parallel_size,
+                                                   local_inputs)
 from mindspeed_rl.engine.efficiency import count_tokens
 from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
                                                 make_micro_batches, min_micro_batches)
 from mindspeed_rl.engine.packing import ROWS, packed_inputs
+from mindspeed_rl.parallel.context_parallel import row_multiple
 
 
 class _ResponseOutputsOnly:
@@ -71,6 +74,9 @@ def micro_batches_for(model, batch: RowBatch,
     from megatron.core import parallel_state as ps
 
     spec = MicroBatching.of(micro_batching)
+    cp = context_parallel_size()
+    if cp > 1:  # CP splits packed rows (engine/context_parallel.py): same numbers as padded
+        spec = replace(spec, packed=True)
     if spec.packed and spec.dynamic and packed_inputs(model).backend == ROWS:
         spec = replace(spec, similar_lengths=True)  # rows side by side in attention
     count = None
@@ -81,7 +87,9 @@ def micro_batches_for(model, batch: RowBatch,
         count = int(t.item())
     # Sequence parallelism splits each sequence over the TP ranks: S % TP must be 0.
     tp = ps.get_tensor_model_parallel_world_size() if model.config.sequence_parallel else 1
-    return make_micro_batches(batch, spec, count, pad_multiple=tp)
+    # Context parallelism cuts every row into 2 x CP chunks (each split again over TP by SP).
+    return make_micro_batches(batch, spec, count, pad_multiple=tp,
+                              row_multiple=row_multiple(cp, tp) if cp > 1 else 1)
 
 
 def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable,
@@ -97,9 +105,15 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
     hook = _response_hook(model)
     packing = packed_inputs(model)
     count_tokens(micro, training=not forward_only)
+    cp = context_parallel_size()
 
     def forward_step(data_iterator, _model):
         mb = next(data_iterator)
+        if cp > 1:  # this CP rank's chunks; the outputs of every local position
+            tokens, positions, index = local_inputs(mb)
+            out = _model(tokens, positions, **packing.arguments(mb))  # [1, t(, V/tp)]
+            packing.done()
+            return out, lambda o: loss_fn(ContextParallelOutputs(o, mb, index), mb)
         hook.index = mb.response_index
         out = _model(mb.tokens, mb.positions, **packing.arguments(mb))  # [b, R or S(, V/tp)]
         packing.done()
@@ -111,7 +125,7 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
         return out, lambda o: loss_fn(o, mb)
 
     config = model.config
-    variable = any(m.tokens.shape != micro[0].tokens.shape for m in micro)
+    variable = cp > 1 or any(m.tokens.shape != micro[0].tokens.shape for m in micro)
     saved = config.variable_seq_lengths
     config.variable_seq_lengths = saved or variable
     try:
@@ -144,7 +158,7 @@ def forward_rows(model, batch: RowBatch, micro_batching: "int | MicroBatching",
 
     def loss_fn(outputs, mb):
         per_mb.append(per_token(outputs, mb))
-        return outputs.new_zeros(()), {}
+        return torch.zeros(()), {}
 
     micro = micro_batches_for(model, batch, micro_batching)
     for mb in micro:
@@ -194,7 +208,8 @@ def reduce_sums_once_per_dp_rank(sums: dict[str, float], keys: list[str]) -> dic
     """
     from megatron.core import parallel_state as ps
 
-    counts = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+    counts = (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+              and ps.get_context_parallel_rank() == 0)
     t = torch.tensor([sums.get(k, 0.0) if counts else 0.0 for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))

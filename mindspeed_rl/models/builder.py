@@ -25,12 +25,19 @@ def describe_hf_dir(hf_dir: str | os.PathLike) -> ModelArchitecture:
     return describe_model(load_hf_config(hf_dir))
 
 
+# MindSpeed-RL's context_parallel_algo -> megatron-core's cp_comm_type (what the core
+# attention of `mindspeed_rl.models.attention` and Transformer Engine's read).
+CP_COMM_TYPES = {"megatron_cp_algo": "p2p", "ulysses_cp_algo": "a2a"}
+
+
 def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dtype = torch.float32,
                              sequence_parallel: bool = False, perform_initialization: bool = True,
-                             **overrides):
+                             context_parallel_algo: str = "megatron_cp_algo", **overrides):
     """The megatron TransformerConfig of ``arch`` for the current parallel state.
 
     ``overrides`` are further TransformerConfig fields (e.g. recompute settings, MoE aux loss).
+    Context parallelism comes from the parallel state; ``context_parallel_algo`` (ring or
+    Ulysses) becomes megatron's ``cp_comm_type``.
     ``perform_initialization=False`` skips the random init (faster when weights are loaded
     anyway) but megatron-core then also skips tagging parameters with their TP attributes
     (``tensor_model_parallel``, ``partition_dim``), which grad clipping, the distributed
@@ -47,6 +54,8 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
         pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
         expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
+        context_parallel_size=ps.get_context_parallel_world_size(),
+        cp_comm_type=CP_COMM_TYPES[context_parallel_algo],
         sequence_parallel=sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
@@ -60,16 +69,26 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
     return TransformerConfig(**kwargs)
 
 
-def build_layer_spec(config):
-    """Megatron-core local (no Transformer Engine) decoder block spec; MoE layers per moe_layer_freq."""
+def build_layer_spec(config, core_attention: type | None = None):
+    """Megatron-core local decoder block spec (MoE layers per moe_layer_freq) with our core
+    attention (`mindspeed_rl.models.attention.core_attention_class`, or ``core_attention``)
+    in every layer."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    from mindspeed_rl.models.attention import core_attention_class
+
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    attention = core_attention or core_attention_class()
+    for layer in spec.layer_specs:
+        layer.submodules.self_attention.submodules.core_attention = attention
+    return spec
 
 
 def build_gpt_model(arch: ModelArchitecture, config, *, pre_process: bool | None = None,
-                    post_process: bool | None = None, parallel_output: bool = True):
-    """This rank's GPTModel (its PP stage, TP shard and EP experts)."""
+                    post_process: bool | None = None, parallel_output: bool = True,
+                    core_attention: type | None = None):
+    """This rank's GPTModel (its PP stage, TP shard and EP experts); ``core_attention``
+    overrides the platform's choice (e.g. megatron's DotProductAttention, for comparison)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
@@ -79,7 +98,7 @@ def build_gpt_model(arch: ModelArchitecture, config, *, pre_process: bool | None
         post_process = ps.is_pipeline_last_stage()
     return GPTModel(
         config=config,
-        transformer_layer_spec=build_layer_spec(config),
+        transformer_layer_spec=build_layer_spec(config, core_attention),
         vocab_size=arch.padded_vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=pre_process,

@@ -4,7 +4,8 @@
 TransformerConfig fields: activation recompute (``recompute_granularity``,
 ``recompute_method``, ``recompute_num_layers``), uneven pipeline stages
 (``num_layer_list`` -> ``num_layers_in_first/last_pipeline_stage`` when only the first and
-last stages differ, else ``pipeline_model_parallel_layout``) and the MoE aux loss.
+last stages differ, else ``pipeline_model_parallel_layout``), the MoE aux loss and the
+context-parallel algorithm (``context_parallel_algo`` -> megatron's ``cp_comm_type``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def training_model_options(config) -> dict[str, Any]:
         options.update(recompute_granularity=a.recompute_granularity,
                        recompute_method=a.recompute_method,
                        recompute_num_layers=a.recompute_num_layers)
+    if a.context_parallel_size > 1:  # ring or Ulysses: megatron's cp_comm_type
+        options["context_parallel_algo"] = a.context_parallel_algo
     if config.model.is_moe:
         options.update(moe_aux_loss_coeff=a.moe_aux_loss_coeff,
                        moe_router_load_balancing_type="aux_loss" if a.moe_aux_loss_coeff

@@ -62,7 +62,7 @@ def communicator_env(timeout_s: float, environ=None) -> dict[str, str]:
 
 def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234,
                                  timeout_s: float | None = None) -> None:
-    """Create megatron-core's TP/PP/DP/EP groups and seed its model-parallel RNG tracker.
+    """Create megatron-core's TP/CP/PP/DP/EP groups and seed its model-parallel RNG tracker.
 
     torch.distributed must already be initialised with ``layout.world_size`` ranks, and
     ``setup_platform()`` must have run (megatron's RNG tracker needs the device adaptor).
@@ -82,6 +82,7 @@ def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234,
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tensor_model_parallel_size,
         pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+        context_parallel_size=layout.context_parallel_size,
         expert_model_parallel_size=layout.expert_model_parallel_size,
         expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
         # megatron builds timedelta(minutes=...), which takes fractions: seconds survive.

@@ -1,7 +1,8 @@
 """The two shardings of the actor, described and validated in one place.
 
-Training uses Megatron's TP x PP x DP (with EP for MoE experts and optional
-sequence parallelism); generation uses vLLM's TP_g x DP_g with PP_g = 1.
+Training uses Megatron's TP x CP x PP x DP (with EP for MoE experts, optional
+sequence parallelism, and context parallelism CP splitting each sequence); generation
+uses vLLM's TP_g x DP_g with PP_g = 1.
 Both must tile the same world of ranks (docs/resharding.md, docs/config.md).
 """
 
@@ -29,6 +30,7 @@ class ParallelLayout:
     expert_tensor_parallel_size: int | None = None  # None: same as tensor_model_parallel_size
     sequence_parallel: bool = False
     infer_tensor_parallel_size: int = 1
+    context_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -49,6 +51,13 @@ class ParallelLayout:
                 f"world_size={ws} is not divisible by tensor_model_parallel_size={tp} x "
                 f"pipeline_model_parallel_size={pp} = {tp * pp}; choose TP and PP whose "
                 f"product divides {ws}"
+            )
+        cp = self.context_parallel_size
+        if ws % (tp * cp * pp):
+            raise LayoutError(
+                f"context_parallel_size={cp} does not divide world_size={ws} / "
+                f"(tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp}) = "
+                f"{ws // (tp * pp)} ranks; use a CP size that divides {ws // (tp * pp)}"
             )
         ep, etp = self.expert_model_parallel_size, self.expert_tp
         if ws % (etp * ep * pp):
@@ -79,8 +88,9 @@ class ParallelLayout:
 
     @property
     def data_parallel_size(self) -> int:
-        """Training DP size: world / (TP x PP)."""
-        return self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
+        """Training DP size: world / (TP x CP x PP)."""
+        return self.world_size // (self.tensor_model_parallel_size * self.context_parallel_size
+                                   * self.pipeline_model_parallel_size)
 
     @property
     def expert_data_parallel_size(self) -> int:
@@ -95,10 +105,24 @@ class ParallelLayout:
 
     def check_model(self, *, num_attention_heads: int, num_query_groups: int,
                     num_layers: int, num_experts: int | None = None,
-                    num_layer_list: str | None = None) -> None:
-        """Check the divisibilities that depend on the model's shape."""
+                    num_layer_list: str | None = None,
+                    context_parallel_algo: str = "megatron_cp_algo") -> None:
+        """Check the divisibilities that depend on the model's shape (Ulysses context
+        parallelism shards heads over TP x CP)."""
         tp, pp, tpg = (self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
                        self.infer_tensor_parallel_size)
+        cp = self.context_parallel_size
+        if cp > 1 and context_parallel_algo == "ulysses_cp_algo":
+            for what, heads in (("num_attention_heads", num_attention_heads),
+                                ("num_key_value_heads", num_query_groups)):
+                if heads % (tp * cp):
+                    raise LayoutError(
+                        f"context_parallel_algo='ulysses_cp_algo' shards attention heads over "
+                        f"tensor_model_parallel_size={tp} x context_parallel_size={cp} = "
+                        f"{tp * cp} ranks, which does not divide the model's {what}={heads}; "
+                        "lower TP or CP so that TP x CP divides the query and KV heads, or "
+                        "use context_parallel_algo: megatron_cp_algo (ring attention)"
+                    )
         for key, size in (("tensor_model_parallel_size", tp), ("infer_tensor_parallel_size", tpg)):
             if num_attention_heads % size:
                 raise LayoutError(
@@ -126,6 +150,7 @@ class ParallelLayout:
     def describe(self) -> str:
         return (
             f"world={self.world_size}: train TP={self.tensor_model_parallel_size} "
+            f"CP={self.context_parallel_size} "
             f"PP={self.pipeline_model_parallel_size} DP={self.data_parallel_size} "
             f"EP={self.expert_model_parallel_size} SP={self.sequence_parallel}; "
             f"generate TP={self.infer_tensor_parallel_size} DP={self.infer_data_parallel_size}"

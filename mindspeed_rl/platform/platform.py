@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +109,11 @@ def _setup_npu() -> None:
     _import_or_explain("torch_npu.contrib.transfer_to_npu",
                        "torch_npu is too old for transfer_to_npu; upgrade torch_npu.")
     # MindSpeed patches megatron-core for Ascend (fused kernels, HCCL specifics); it must
-    # be imported before megatron builds any model.
+    # be imported before megatron builds any model. It reads its own options from sys.argv:
+    # --use-flash-attn makes megatron's DotProductAttention run npu_fusion_attention
+    # (mindspeed_rl.models.attention picks that class on NPU).
+    if "--use-flash-attn" not in sys.argv:
+        sys.argv.append("--use-flash-attn")
     _import_or_explain("mindspeed.megatron_adaptor",
                        "install MindSpeed (see requirements-npu.txt) matching megatron-core.")
 

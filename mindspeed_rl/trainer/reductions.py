@@ -28,7 +28,8 @@ def global_sums(values: list[float]) -> list[float]:
 
 
 def counts_in_train_layout() -> bool:
-    """Whether this rank speaks for its training DP rank (TP/PP peers hold copies)."""
+    """Whether this rank speaks for its training DP rank (TP/CP/PP peers hold copies)."""
     from megatron.core import parallel_state as ps
 
-    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
+    return (ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
+            and ps.get_context_parallel_rank() == 0)

@@ -390,7 +390,7 @@ def _efficiency(config, platform, model):
 
 
 def _layouts(layout) -> dict:
-    """The consumer layouts of the phases: ``train`` (megatron DP ranks, every TP/PP peer
+    """The consumer layouts of the phases: ``train`` (megatron DP ranks, every TP/CP/PP peer
     receives its DP rank's rows), ``gen_writers`` (the first rank of each vLLM
     instance, which put the rollout rows) and ``gen`` (every rank of each vLLM instance:
     a partial rollout's continued rows)."""
@@ -398,7 +398,8 @@ def _layouts(layout) -> dict:
 
     tpg = layout.infer_tensor_parallel_size
     return {"train": ConsumerLayout.megatron(layout.world_size, layout.tensor_model_parallel_size,
-                                             layout.pipeline_model_parallel_size),
+                                             layout.pipeline_model_parallel_size,
+                                             layout.context_parallel_size),
             "gen_writers": ConsumerLayout(tuple((k * tpg,)
                                                 for k in range(layout.infer_data_parallel_size))),
             "gen": ConsumerLayout(tuple(tuple(range(k * tpg, (k + 1) * tpg))

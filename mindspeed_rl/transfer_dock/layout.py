@@ -33,14 +33,18 @@ class ConsumerLayout:
 
     @classmethod
     def megatron(cls, world_size: int, tensor_model_parallel_size: int = 1,
-                 pipeline_model_parallel_size: int = 1) -> "ConsumerLayout":
-        """Megatron's default rank order (TP fastest, then DP, then PP)."""
-        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
-        if world_size % (tp * pp):
-            raise ValueError(f"world_size={world_size} is not divisible by TP={tp} x PP={pp}")
-        dp = world_size // (tp * pp)
+                 pipeline_model_parallel_size: int = 1,
+                 context_parallel_size: int = 1) -> "ConsumerLayout":
+        """Megatron's default rank order (TP fastest, then CP, then DP, then PP); the CP
+        peers of a DP rank receive its rows, as its TP/PP peers do."""
+        tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
+        if world_size % (tp * cp * pp):
+            raise ValueError(f"world_size={world_size} is not divisible by TP={tp} x CP={cp} "
+                             f"x PP={pp}")
+        dp = world_size // (tp * cp * pp)
         return cls(tuple(
-            tuple(p * tp * dp + d * tp + t for p in range(pp) for t in range(tp))
+            tuple(p * tp * cp * dp + d * tp * cp + c * tp + t
+                  for p in range(pp) for c in range(cp) for t in range(tp))
             for d in range(dp)))
 
     @classmethod

@@ -12,10 +12,13 @@ from mindspeed_rl.fault.phases import PeerState, PhaseTracker
 
 class _StoreWhoseHostDies:
     """A HashStore until ``die()``: then every read raises as a TCPStore client does when the
-    torchrun agent holding the store has ended (a node of a multi-node job died)."""
+    torchrun agent holding the store has ended (a node of a multi-node job died).
+    ``after_first_add`` runs once, after the tracker's first heartbeat read: what happens
+    while it watches, at a fixed point instead of after a wall-clock delay (a loaded
+    machine may run a timer late)."""
 
-    def __init__(self):
-        self.store, self.dead = dist.HashStore(), False
+    def __init__(self, after_first_add=None):
+        self.store, self.dead, self._after_first_add = dist.HashStore(), False, after_first_add
 
     def die(self):
         self.dead = True
@@ -26,7 +29,11 @@ class _StoreWhoseHostDies:
         def call(*args):
             if self.dead:
                 raise RuntimeError("Connection reset by peer")
-            return method(*args)
+            value = method(*args)
+            if name == "add" and self._after_first_add is not None:
+                hook, self._after_first_add = self._after_first_add, None
+                hook(self)
+            return value
         return call
 
 
@@ -40,21 +47,21 @@ def _tracker(store) -> PhaseTracker:
 
 
 def test_peers_reads_each_rank_state_and_heartbeat():
-    store = _StoreWhoseHostDies()
-    tracker = _tracker(store)
-    threading.Timer(0.1, lambda: store.add("beat/1", 1)).start()
-    assert tracker.peers(watch_s=0.5) == [PeerState(1, 3, "update", True, "node1", 4242)]
-    assert tracker.peers(watch_s=0.2) == [PeerState(1, 3, "update", False, "node1", 4242)]
+    beating = _StoreWhoseHostDies(after_first_add=lambda store: store.store.add("beat/1", 1))
+    assert _tracker(beating).peers(watch_s=0.05) == [
+        PeerState(1, 3, "update", True, "node1", 4242)]
+    silent = _StoreWhoseHostDies()
+    assert _tracker(silent).peers(watch_s=0.05) == [
+        PeerState(1, 3, "update", False, "node1", 4242)]
 
 
 def test_a_store_that_dies_mid_read_gives_no_peers_and_no_traceback(monkeypatch):
     """The surviving node of a 2-node job reads its peers while the store's host (node 0's
     agent) ends: no peers are known, and no thread prints a traceback under the job's
     one-line error."""
-    store = _StoreWhoseHostDies()
+    store = _StoreWhoseHostDies(after_first_add=_StoreWhoseHostDies.die)
     tracker = _tracker(store)
     escaped = []
     monkeypatch.setattr(threading, "excepthook", escaped.append)
-    threading.Timer(0.1, store.die).start()
-    assert tracker.peers(watch_s=0.4) == []
+    assert tracker.peers(watch_s=0.05) == []
     assert escaped == []

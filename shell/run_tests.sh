@@ -2,7 +2,7 @@
 # Set up the environment (idempotent), check the import layers, run the whole test suite on CPU.
 #   bash shell/run_tests.sh                 # everything
 #   bash shell/run_tests.sh -k transfer     # extra arguments go to pytest (one process)
-#   MSRL_TEST_WORKERS=2 bash shell/run_tests.sh   # the suite on two pytest-xdist workers
+#   MSRL_TEST_WORKERS=2 bash shell/run_tests.sh   # on two pytest-xdist workers (not faster: docs/testing.md)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -16,7 +16,7 @@ WORKERS="${MSRL_TEST_WORKERS:-1}"
 if [[ $# -gt 0 || "$WORKERS" == 1 ]]; then  # the default, and any selection: one process
   exec "${PYTEST[@]}" "$@"
 fi
-# MSRL_TEST_WORKERS=2: the whole suite in two runs (docs/testing.md has the measurement).
+# MSRL_TEST_WORKERS=2: the whole suite in two runs (measured slower than one: docs/testing.md).
 # First, alone, the modules that bound how fast something happens on a loaded machine: the
 # fault tests (a hung rank reported within the collective timeout; they run two jobs of
 # their own at once), the code interpreter's tests (64 sandboxed calls in flight, each

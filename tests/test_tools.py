@@ -50,11 +50,20 @@ def _call(code: str, name: str = "code_interpreter") -> ToolCall:
     return ToolCall(name=name, arguments={"code": code}, raw="")
 
 
+_PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
+
+
 def _doomed_or_gone(proc: psutil.Process) -> bool:
-    """Gone, a zombie, or with SIGKILL pending: it cannot run any more of its code (a killed
-    process can take a moment to finish dying on a loaded host)."""
+    """Gone, a zombie, exiting, or with SIGKILL pending: it cannot run any more of its code.
+    A killed process can take a moment to finish dying on a loaded host; once SIGKILL is
+    taken it is no longer pending but the task is in do_exit() (PF_EXITING), where bwrap's
+    PID-namespace init also sleeps until everything in its namespace is gone."""
     try:
         if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        with open(f"/proc/{proc.pid}/stat") as f:
+            flags = int(f.read().rsplit(")", 1)[1].split()[6])
+        if flags & _PF_EXITING:
             return True
         with open(f"/proc/{proc.pid}/status") as f:
             pending = [int(line.split()[1], 16) for line in f
@@ -84,6 +93,20 @@ def _new_children() -> list[psutil.Process]:
 
 def _running_children() -> list[psutil.Process]:
     return [p for p in _new_children() if not _doomed_or_gone(p)]
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    """What a failure needs to tell a leak from a slow death: parent, state, kernel flags."""
+    lines = []
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            lines.append(f"pid {proc.pid} ppid {fields[1]} state {fields[0]} "
+                         f"flags {int(fields[6]):#x} {proc.cmdline()[:3]}")
+        except (psutil.Error, OSError) as e:
+            lines.append(f"pid {proc.pid}: {e}")
+    return "\n".join(lines)
 
 
 def _running_with_cmdline(args: list[str]) -> list[psutil.Process]:
@@ -616,7 +639,8 @@ def test_64_trajectories_with_hanging_and_crashing_calls():
         started = time.monotonic()
         results = pool.run([(i, _call(code[i])) for i in range(64)])
         wall = time.monotonic() - started
-        assert _running_children() == []  # all ended or killed (SIGKILL pending) by now
+        running = _running_children()  # all ended or killed (SIGKILL pending) by now
+        assert running == [], _describe(running)
         assert pool.run([(0, _call("print('the run continues')"))])[0].ok
     finally:
         pool.close()

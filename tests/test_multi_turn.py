@@ -13,7 +13,7 @@ from mindspeed_rl.engine.micro_batches import LOSS_MASK, RowBatch, make_micro_ba
 from mindspeed_rl.models.tiny import CHAT_TEMPLATE, build_tokenizer
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, TemplateError, ToolTurnTemplate,
                                              Trajectory, run_agent_loop)
-from mindspeed_rl.tools.parser import parse_hermes
+from mindspeed_rl.agent_tools.parser import parse_hermes
 
 # Qwen2.5's way of writing tool responses: consecutive tool messages inside one user turn,
 # each in <tool_response> tags (written here for the test; the tiny tokenizer's own
@@ -223,7 +223,7 @@ from mindspeed_rl.config import load_config, make_plan  # noqa: E402
 MSRL = Path("/work/.mirror/Ascend+MindSpeed-RL/repo")
 GOOD_TOOL = """\
 tools:
-  - class_name: mindspeed_rl.tools.code_interpreter.CodeInterpreter
+  - class_name: mindspeed_rl.agent_tools.code_interpreter.CodeInterpreter
     config: {num_workers: 2, rate_limit: 2, default_timeout: 5, memory_limit_mb: 256, type: native}
     tool_schema:
       type: function
@@ -253,8 +253,8 @@ def test_keys_load_with_their_meaning(job, tmp_path):
 
 @pytest.mark.parametrize("tool_yaml, rl, mt, words", [
     ("tools: [\n", {}, {}, ["rl_config.tool_config_path", "tools.yaml"]),
-    (GOOD_TOOL.replace("mindspeed_rl.tools.code_interpreter.CodeInterpreter",
-                       "mindspeed_rl.tools.search_tool.SearchTool"), {}, {},
+    (GOOD_TOOL.replace("mindspeed_rl.agent_tools.code_interpreter.CodeInterpreter",
+                       "mindspeed_rl.agent_tools.search_tool.SearchTool"), {}, {},
      ["tools.yaml", "class_name", "SearchTool"]),
     (GOOD_TOOL.replace("        name: code_interpreter\n", ""), {}, {},
      ["tools.yaml", "function.name"]),
@@ -293,7 +293,7 @@ def test_mindspeed_rl_multi_turn_config_passes_the_dry_run(tmp_path, monkeypatch
     the tool maps to the SandboxFusion client (their sandbox_fusion_url)."""
     import subprocess
 
-    from mindspeed_rl.tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.config import load_tool_config
 
     for path in ("configs/dapo_qwen25_7b_A2_multi_turn.yaml", "configs/model/qwen25_7b.yaml",
                  "configs/tools/retool_config.yaml"):
@@ -368,7 +368,7 @@ def test_each_vllm_instance_runs_its_tool_calls_once():
 def _slow_every_other(text: str):
     """A scripted parser (a random model writes no tool calls): a call in every turn; the
     call sleeps 3 s when the turn's text has an even length."""
-    from mindspeed_rl.tools.parser import ParseResult, ToolCall
+    from mindspeed_rl.agent_tools.parser import ParseResult, ToolCall
 
     code = f"import time\ntime.sleep({3 if len(text) % 2 == 0 else 0})\nprint({len(text)} * 7)"
     return ParseResult([ToolCall("code_interpreter", {"code": code}, code)], [])
@@ -382,8 +382,8 @@ def _stepwise_body(hf_dir: str, tools_yaml: str) -> dict:
     from mindspeed_rl.config.schema import SamplingConfig
     from mindspeed_rl.rollout import RolloutEngine
     from mindspeed_rl.rollout.agent_loop import (run_agent_loop_stepwise, trajectories_for)
-    from mindspeed_rl.tools.config import load_tool_config
-    from mindspeed_rl.tools.pool import ToolPool
+    from mindspeed_rl.agent_tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.pool import ToolPool
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     engine = RolloutEngine(hf_dir, max_model_len=256, max_num_seqs=16,

@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mindspeed_rl.tools import ToolCall, ToolPool, load_tool_config
-from mindspeed_rl.tools.sandbox import TMPFS_BYTES, Sandbox, sandbox_problem
+from mindspeed_rl.agent_tools import ToolCall, ToolPool, load_tool_config
+from mindspeed_rl.agent_tools.sandbox import TMPFS_BYTES, Sandbox, sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "configs" / "tools" / "code_interpreter.yaml"
@@ -405,7 +405,7 @@ def test_the_run_is_refused_where_the_sandbox_cannot_start(tmp_path, monkeypatch
 
     from mindspeed_rl.config import ConfigError, load_config
     from mindspeed_rl.models.tiny import make_tiny_hf_dir
-    from mindspeed_rl.tools import sandbox
+    from mindspeed_rl.agent_tools import sandbox
 
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"prompt": "What is 1+1?", "answer": "2"}) + "\n")
@@ -431,7 +431,7 @@ def test_the_run_is_refused_where_the_sandbox_cannot_start(tmp_path, monkeypatch
 def test_unsandboxed_opt_in_warns_once(capfd, monkeypatch):
     from dataclasses import replace
 
-    from mindspeed_rl.tools import sandbox
+    from mindspeed_rl.agent_tools import sandbox
 
     [spec] = load_tool_config(SHIPPED)
     unsafe = replace(spec, unsafe_no_sandbox=True)

@@ -412,8 +412,8 @@ def check_tool_sandbox(config: RLJobConfig) -> None:
     rl = config.rl_config
     if not rl.multi_turn_enable or rl.tool_config_path is None:
         return
-    from mindspeed_rl.tools.config import load_tool_config
-    from mindspeed_rl.tools.sandbox import local_interpreter_problem
+    from mindspeed_rl.agent_tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.sandbox import local_interpreter_problem
 
     for spec in load_tool_config(rl.tool_config_path):
         if spec.kind != "code_interpreter":
@@ -631,8 +631,8 @@ def _check_multi_turn(config: RLJobConfig) -> None:
              rl.max_total_response_length, f"is smaller than generate_config.sampling_config."
              f"max_tokens={max_tokens} (MindSpeed-RL refuses the same)",
              f"use at least {max_tokens}")
-    from mindspeed_rl.tools.config import ToolConfigError, load_tool_config
-    from mindspeed_rl.tools.parser import tool_parser
+    from mindspeed_rl.agent_tools.config import ToolConfigError, load_tool_config
+    from mindspeed_rl.agent_tools.parser import tool_parser
 
     try:
         tool_parser(rl.tool_parser_format)

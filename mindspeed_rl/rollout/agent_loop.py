@@ -6,7 +6,7 @@ Every trajectory of the rank advances together, one batched generation per turn:
 2. parse the turn's tool calls (``rl_config.tool_parser_format``, hermes:
    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``);
 3. run at most ``max_parallel_calls`` of them per trajectory, every trajectory's calls
-   at once in the tool pool (``mindspeed_rl.tools``);
+   at once in the tool pool (``mindspeed_rl.agent_tools``);
 4. append the tool responses as tool messages through the model's chat template
    (:class:`ToolTurnTemplate`) and continue; a trajectory without calls, out of calls
    (``max_tool_calls``) or out of tokens (``max_total_response_length``) leaves the batch.
@@ -29,7 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from mindspeed_rl.tools.parser import ParseResult, truncate
+from mindspeed_rl.agent_tools.parser import ParseResult, truncate
 
 _MARK = "\u2063MSRL-CONTENT\u2063"  # a probe message's content: found back in the rendered text
 

@@ -16,7 +16,7 @@ import torch
 
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, ToolTurnTemplate, run_agent_loop,
                                              run_agent_loop_stepwise, trajectories_for)
-from mindspeed_rl.tools.parser import tool_parser
+from mindspeed_rl.agent_tools.parser import tool_parser
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
 from mindspeed_rl.trainer.reductions import global_stats, global_sums
@@ -56,8 +56,8 @@ def loop_line(config) -> str | None:
 
 
 def build_agent(config, tokenizer, world: int) -> Agent:
-    from mindspeed_rl.tools.config import load_tool_config
-    from mindspeed_rl.tools.pool import ToolPool
+    from mindspeed_rl.agent_tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.pool import ToolPool
 
     rl = config.rl_config
     pool = _InstancePool(ToolPool(load_tool_config(rl.tool_config_path)),

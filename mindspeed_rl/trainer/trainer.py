@@ -357,7 +357,7 @@ def _tool_prompt(config):
     """``prompt_type: qwen_retool``: the tools of ``rl_config.tool_config_path`` described in
     the system message (hermes), or None."""
     from mindspeed_rl.data import ToolPrompt
-    from mindspeed_rl.tools.config import load_tool_config, tool_system_prompt
+    from mindspeed_rl.agent_tools.config import load_tool_config, tool_system_prompt
 
     path = config.rl_config.tool_config_path
     if config.megatron_training.prompt_type != "qwen_retool" or path is None:

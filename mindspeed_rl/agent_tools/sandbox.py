@@ -27,7 +27,7 @@ of Flatpak) with:
   library fall back to clone for threads.
 
 The limits of the call (time, memory, file size) are set by the interpreter's own start-up
-code before it reads the model's code (mindspeed_rl.tools.code_interpreter).
+code before it reads the model's code (mindspeed_rl.agent_tools.code_interpreter).
 
 Why these parts: bubblewrap and libseccomp are small, widely deployed and maintained
 (Flatpak, Docker, systemd use them); a hand-written "check" of the code would be another
@@ -256,7 +256,7 @@ def sandbox_problem(site_packages=(), memory_limit_mb: int = 1024,
     process."""
     key = (tuple(site_packages), memory_limit_mb)
     if key not in _PROBED:
-        from mindspeed_rl.tools.code_interpreter import CodeInterpreter
+        from mindspeed_rl.agent_tools.code_interpreter import CodeInterpreter
 
         try:
             interpreter = CodeInterpreter(timeout_s, memory_limit_mb,

@@ -413,7 +413,7 @@ def check_tool_sandbox(config: RLJobConfig) -> None:
     if not rl.multi_turn_enable or rl.tool_config_path is None:
         return
     from mindspeed_rl.agent_tools.config import load_tool_config
-    from mindspeed_rl.agent_tools.sandbox import local_interpreter_problem
+    from mindspeed_rl.agent_tools.preflight import local_interpreter_problem
 
     for spec in load_tool_config(rl.tool_config_path):
         if spec.kind != "code_interpreter":

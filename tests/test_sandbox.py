@@ -1,7 +1,7 @@
 """The local code interpreter against hostile code: 20 attacks, each through the entry point
 the rollout uses, ``ToolPool(load_tool_config("configs/tools/code_interpreter.yaml"))``
 with the shipped settings. Against the interpreter without a sandbox (a child process as the
-trainer's user, issue #37) all but the memory, CPU-loop and output attacks (7-9, which its
+trainer's user) all but the memory, CPU-loop and output attacks (7-9, which its
 limits stopped) succeeded: here each must fail, and the test checks the effect on the host,
 not only the message.
 

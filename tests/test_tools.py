@@ -1,5 +1,5 @@
 """mindspeed_rl.agent_tools: the tool YAML, hermes parsing, the local interpreter's limits, the
-SandboxFusion client, and the pool (issue #21's acceptance test: 64 trajectories, 5 % of
+SandboxFusion client, and the pool (the acceptance test of the pool: 64 trajectories, 5 % of
 the calls hang and 5 % crash, the batch ends within default_timeout + 10 % and no child
 process survives).
 
@@ -634,7 +634,7 @@ def test_pool_queues_past_num_workers():
 
 
 def test_64_trajectories_with_hanging_and_crashing_calls():
-    """Issue #21's acceptance test. 64 calls, one per trajectory: 3 hang (spin, sleep), 3
+    """The pool's acceptance test. 64 calls, one per trajectory: 3 hang (spin, sleep), 3
     crash (abort, raise), 58 print a product. All 64 in flight at once; the batch ends
     within default_timeout + 10 %, every result is there, and no child process survives."""
     timeout = 5.0

@@ -62,9 +62,9 @@ class Pool:
         return np.where(self.birth < 0, 0, iteration - self.birth)
 
 
-def pool_of(dock) -> Pool:
-    rows = dock.rows(held=True)
-    group, birth, done, length = (dock.tags(t, rows) for t in (GROUP, BIRTH, FINISHED, LENGTH))
+def pool_of(flow) -> Pool:
+    rows = flow.rows(held=True)
+    group, birth, done, length = (flow.tags(t, rows) for t in (GROUP, BIRTH, FINISHED, LENGTH))
     ids, which = np.unique(group, return_inverse=True)
     births = np.full(len(ids), -1, dtype=np.int64)
     np.maximum.at(births, which, birth)  # a group starts in one pass: one birth per group
@@ -83,9 +83,9 @@ def partial_rollout(ctx: PhaseContext) -> dict[str, float]:
     split, target = ctx.rl.partial_rollout_max_split, ctx.batch.prompts_per_generation_round
     iteration = ctx.it.iteration
     generated = {"tokens": 0.0, "prompt_tokens": 0.0, "passes": 0}
-    _intake(ctx, 2 * target - len(pool_of(ctx.flow.dock).groups))
+    _intake(ctx, 2 * target - len(pool_of(ctx.flow).groups))
     while True:
-        pool = pool_of(ctx.flow.dock)
+        pool = pool_of(ctx.flow)
         old = pool.ages(iteration) >= split - 1
         waiting = ctx.rl.require_max_age_all_finished and bool((old & ~pool.finished).any())
         if pool.finished.sum() >= target and not waiting:
@@ -260,7 +260,7 @@ def _release(ctx: PhaseContext, pool: Pool, target: int, generated: dict) -> dic
     split, iteration = ctx.rl.partial_rollout_max_split, ctx.it.iteration
     ready = [k for k in range(len(pool.groups)) if pool.finished[k]][:target]
     released = np.concatenate([pool.groups[k] for k in ready]) if ready else np.zeros(0, int)
-    ctx.flow.dock.release(released.tolist())
+    ctx.flow.release(released.tolist())
     ctx.flow.note(f"partial_rollout/released_round{ctx.it.generation_round}",
                   sorted(released.tolist()))
     chosen = set(ready)

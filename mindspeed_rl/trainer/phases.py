@@ -196,13 +196,12 @@ def dynamic_sampling(ctx: PhaseContext) -> dict[str, float]:
     """
     rl, gbs = ctx.rl, ctx.batch.prompts_per_iteration
     # [(group_id, [row ids])] in generation order, the same on every rank, across rounds
-    seen = ctx.it.memo.setdefault(names.DYNAMIC_SAMPLING,
-                                  {"kept": [], "dropped": [], "generated": 0})
+    seen = ctx.it.groups
     new = _classify_new_groups(ctx)
-    seen["generated"] += len(new)
-    seen["kept"] += [(g, rows) for g, rows, informative in new if informative]
-    seen["dropped"] += [(g, rows) for g, rows, informative in new if not informative]
-    kept, dropped, rounds = seen["kept"], seen["dropped"], ctx.it.generation_round + 1
+    seen.generated += len(new)
+    seen.kept += [(g, rows) for g, rows, informative in new if informative]
+    seen.dropped += [(g, rows) for g, rows, informative in new if not informative]
+    kept, dropped, rounds = seen.kept, seen.dropped, ctx.it.generation_round + 1
     if len(kept) < gbs:
         if not (rl.max_num_gen_batches and rounds >= rl.max_num_gen_batches):
             ctx.it.batch_ready = False  # another round on fresh prompts
@@ -213,7 +212,7 @@ def dynamic_sampling(ctx: PhaseContext) -> dict[str, float]:
     ctx.flow.note("dynamic_sampling/kept", sorted(r for _, rows in kept for r in rows))
     return {"dynamic_sampling/num_gen_batches": float(rounds),
             "dynamic_sampling/kept_group_fraction":
-                min(len(kept), gbs) / max(seen["generated"], 1)}
+                min(len(kept), gbs) / max(seen.generated, 1)}
 
 
 def _fill_shortfall(ctx: PhaseContext, kept: list, dropped: list, rounds: int

@@ -611,9 +611,11 @@ def _check_multi_turn(config: RLJobConfig) -> None:
     _require(estimator.phase == names.ADV, "rl_config.adv_estimator", rl.adv_estimator,
              "its per-token returns are not built for responses with tool tokens inside "
              "(multi_turn_enable)", f"use one of {sequence_level} with multi_turn_enable")
-    _require(rl.partial_rollout_max_split == 1, "rl_config.partial_rollout_max_split",
-             rl.partial_rollout_max_split, "partial rollout and multi-turn rollouts are not "
-             "combined here", "set partial_rollout_max_split: 1 with multi_turn_enable")
+    _require(rl.partial_rollout_max_split == 1 or not rl.async_engine, "rl_config.async_engine",
+             True, "partial rollout with multi-turn runs the batch-wide agent loop in each "
+             f"pass (partial_rollout_max_split={rl.partial_rollout_max_split}); the step-wise "
+             "loop has no pass budget", "set async_engine: false, or partial_rollout_max_split: "
+             "1 for step-wise turns")
     _require(rl.tool_config_path is not None, "rl_config.tool_config_path", None,
              "multi_turn_enable needs the tool YAML", "e.g. configs/tools/code_interpreter.yaml")
     # null: MindSpeed-RL's configs leave it to their preprocessed (indexed) data, whose

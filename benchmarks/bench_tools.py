@@ -51,7 +51,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(config: str, calls: int, warmup: int) -> dict:
-    from mindspeed_rl.tools import ToolCall, ToolPool, load_tool_config
+    from mindspeed_rl.agent_tools import ToolCall, ToolPool, load_tool_config
 
     [spec] = load_tool_config(config)
     modes = {"sandbox": dataclasses.replace(spec, unsafe_no_sandbox=False),

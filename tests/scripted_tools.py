@@ -3,7 +3,7 @@ scripted_tools:every_turn``): a tiny random model never writes a hermes tool cal
 parser finds one in every turn, deterministically from the turn's text, and the real code
 interpreter runs it."""
 
-from mindspeed_rl.tools.parser import ParseResult, ToolCall
+from mindspeed_rl.agent_tools.parser import ParseResult, ToolCall
 
 
 def every_turn(text: str) -> ParseResult:

@@ -180,7 +180,7 @@ def test_non_utf8_line(assets, tmp_path):
 
 
 def test_empty_prompts_are_skipped_with_one_warning_or_refused(tmp_path, caplog):
-    """A file of empty prompts used to train silently (issue #37): its rows are skipped with
+    """A file of empty prompts used to train silently: its rows are skipped with
     one warning naming the file and the count, and a file of nothing else is refused."""
     import logging
 
@@ -299,7 +299,7 @@ def _finished_checkpoint(folder: Path) -> Path:
 
 def test_newest_manifest_of_the_wrong_shape_falls_back_to_an_older_checkpoint(tmp_path, capsys):
     """Valid JSON of the wrong shape (a list) in the newest manifest used to end in
-    AttributeError tracebacks on every rank (issue #37): it does not verify, and the resume
+    AttributeError tracebacks on every rank: it does not verify, and the resume
     falls back to the newest checkpoint that does, saying so."""
     from mindspeed_rl.checkpoint.trainer_state import resume_path
 
@@ -321,7 +321,7 @@ def test_newest_manifest_of_the_wrong_shape_falls_back_to_an_older_checkpoint(tm
 
 def test_binary_tracker_file_is_named(tmp_path):
     """A binary latest_checkpointed_iteration.txt used to end in a bare "'utf-8' codec can't
-    decode byte 0xff" naming no file (issue #37)."""
+    decode byte 0xff" naming no file."""
     from mindspeed_rl.checkpoint.trainer_state import resume_path
     from mindspeed_rl.checkpoint.weight_source import classify
     from mindspeed_rl.errors import CheckpointError

@@ -9,7 +9,7 @@ reference as the shared backbone, adapter-only checkpoints; then the exports.
   model in transformers, and the adapter loaded with peft onto the base model, give the
   logits of megatron with the adapters in the training layout, TP = 2 as trained and
   TP = 2 x PP = 2 (<= 1e-5, fp32). A reference loaded at TP = 1 would carry any layout
-  error of the export itself (issue #37: linear_fc1's B was saved rank-interleaved);
+  error of the export itself (linear_fc1's B was saved rank-interleaved);
 - a resume at another TP is refused naming tensor_model_parallel_size; a checkpoint written
   in the old interleaved layout resumes exactly at its TP and exports correctly.
 """
@@ -120,7 +120,7 @@ def _resume_error(ckpt, base_hf):
 
 
 def _old_layout_checkpoint(base_hf, save, tokens):
-    """A LoRA checkpoint as the code before issue #37 wrote it (linear_fc1's B rank-
+    """A LoRA checkpoint as earlier versions of this project wrote it (linear_fc1's B rank-
     interleaved, no layout records) from trained-looking adapters (B != 0); returns the
     adapted logits and those of a resume of it at the same TP."""
     from unittest import mock

@@ -476,7 +476,7 @@ MOE_MODEL = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]
 
 
 def test_expert_map_is_npu_only_and_said_once(msrl, tmp_path):
-    from mindspeed_rl.rollout.engine import expert_map_kwargs
+    from mindspeed_rl.rollout.vllm_engine import expert_map_kwargs
 
     (tmp_path / "moe.yaml").write_text(yaml.safe_dump(MOE_MODEL))
     text = textwrap.dedent("""\

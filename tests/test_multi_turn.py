@@ -13,7 +13,7 @@ from mindspeed_rl.engine.micro_batches import LOSS_MASK, RowBatch, make_micro_ba
 from mindspeed_rl.models.tiny import CHAT_TEMPLATE, build_tokenizer
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, TemplateError, ToolTurnTemplate,
                                              Trajectory, run_agent_loop)
-from mindspeed_rl.tools.parser import parse_hermes
+from mindspeed_rl.agent_tools.parser import parse_hermes
 
 # Qwen2.5's way of writing tool responses: consecutive tool messages inside one user turn,
 # each in <tool_response> tags (written here for the test; the tiny tokenizer's own
@@ -167,6 +167,67 @@ def _call(code: str) -> str:
             '"}}\n</tool_call>')
 
 
+class _TurnStream:
+    """A generate() whose trajectory k writes turns[k] one after the other, each in as many
+    calls as its budgets allow (a turn cut by the budget goes on where it stopped)."""
+
+    def __init__(self, tok, turns):
+        ids = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in turns]
+        self.turns, self.where = ids, {}
+
+    def __call__(self, prompts, seeds, budgets):
+        out = []
+        for p, budget in zip(prompts, budgets):
+            turn, done = self.where.get(p[0], (0, 0))
+            ids = self.turns[min(turn, len(self.turns) - 1)]
+            piece = ids[done:done + budget]
+            finished = done + len(piece) == len(ids)
+            self.where[p[0]] = (turn + 1, 0) if finished else (turn, done + len(piece))
+            out.append(_Completion(piece, "stop" if finished else "length"))
+        return out
+
+
+def test_a_trajectory_paused_by_partial_rollout_resumes_with_its_turn_and_mask():
+    """Partial rollout x multi-turn: a pass budget pauses a trajectory inside a model turn
+    or after a tool turn; written to the dock's columns and read back, it resumes where it
+    was (the open turn's calls parsed from the whole turn) and ends as the same trajectory
+    an uncut run writes: tokens, loss mask, log-probs, turns and tool calls."""
+    from mindspeed_rl.rollout.agent_loop import run_agent_loop as loop
+    from mindspeed_rl.trainer.rollout_rows import (PARTIAL, Row, columns_of, row_columns,
+                                                   rows_of)
+    from mindspeed_rl.transfer_dock import DockBatch
+
+    tok = _tokenizer(CHAT_TEMPLATE)
+    turns = [_call("print(1)"), _call("print(22)"), "so the answer is 23"]
+    limits = AgentLimits(2, 1, 4000, 256, "middle")
+    common = dict(pool=_EchoPool(), template=ToolTurnTemplate(tok), parse=parse_hermes,
+                  limits=limits, decode=tok.decode, max_tokens=1000,
+                  eos_token_id=tok.eos_token_id)
+    whole = Trajectory(prompt=[5, 6, 7], seed=0)
+    loop(_TurnStream(tok, turns), [whole], **common)
+    assert whole.done and whole.tool_calls == 2 and whole.turns == 3
+    names = row_columns(partial=True, multi_turn=True)
+    stream = _TurnStream(tok, turns)
+    row = Row(Trajectory(prompt=[5, 6, 7], seed=0), prompt_index=0, group_id=0, sample_idx=0,
+              weight_version=0)
+    paused_in_turn = passes = 0
+    while not row.t.done:
+        row.t.pass_left, row.t.paused = 7, False  # a few tokens per pass: cut mid-turn
+        loop(stream, [row.t], **common)
+        row.finish = 0 if row.t.done else PARTIAL
+        row.versions += [passes] * (len(row.t.tokens) - len(row.versions))
+        paused_in_turn += row.t.open_turn >= 0
+        columns = columns_of([row], names)  # into the dock and back, as between passes
+        batch = DockBatch(rows=[0], columns=columns, token_lengths=[len(row.t.tokens)])
+        [row] = rows_of(batch)
+        passes += 1
+    assert passes > 3 and paused_in_turn > 0
+    assert row.t.tokens == whole.tokens and row.t.mask == whole.mask
+    assert row.t.logprobs == pytest.approx(whole.logprobs)
+    assert (row.t.turns, row.t.tool_calls) == (3, 2)
+    assert row.versions == sorted(row.versions) and row.versions[-1] == passes - 1
+
+
 @pytest.mark.parametrize("max_calls,max_parallel,expected_calls,expected_turns", [
     (2, 1, 2, 3), (1, 1, 1, 2), (0, 1, 0, 1), (4, 2, 4, 3)])
 def test_agent_loop_limits(max_calls, max_parallel, expected_calls, expected_turns):
@@ -223,7 +284,7 @@ from mindspeed_rl.config import load_config, make_plan  # noqa: E402
 MSRL = Path("/work/.mirror/Ascend+MindSpeed-RL/repo")
 GOOD_TOOL = """\
 tools:
-  - class_name: mindspeed_rl.tools.code_interpreter.CodeInterpreter
+  - class_name: mindspeed_rl.agent_tools.code_interpreter.CodeInterpreter
     config: {num_workers: 2, rate_limit: 2, default_timeout: 5, memory_limit_mb: 256, type: native}
     tool_schema:
       type: function
@@ -253,20 +314,21 @@ def test_keys_load_with_their_meaning(job, tmp_path):
 
 @pytest.mark.parametrize("tool_yaml, rl, mt, words", [
     ("tools: [\n", {}, {}, ["rl_config.tool_config_path", "tools.yaml"]),
-    (GOOD_TOOL.replace("mindspeed_rl.tools.code_interpreter.CodeInterpreter",
-                       "mindspeed_rl.tools.search_tool.SearchTool"), {}, {},
+    (GOOD_TOOL.replace("mindspeed_rl.agent_tools.code_interpreter.CodeInterpreter",
+                       "mindspeed_rl.agent_tools.search_tool.SearchTool"), {}, {},
      ["tools.yaml", "class_name", "SearchTool"]),
     (GOOD_TOOL.replace("        name: code_interpreter\n", ""), {}, {},
      ["tools.yaml", "function.name"]),
     (GOOD_TOOL, {"max_tool_response_length": 0}, {}, ["rl_config.max_tool_response_length"]),
     (GOOD_TOOL, {}, {"prompt_type": "qwen_r1"}, ["megatron_training.prompt_type", "tool"]),
-    (GOOD_TOOL, {"partial_rollout_max_split": 2}, {}, ["rl_config.partial_rollout_max_split"]),
+    (GOOD_TOOL, {"partial_rollout_max_split": 2, "async_engine": True}, {},
+     ["rl_config.async_engine", "partial_rollout_max_split=2", "batch-wide"]),
     (GOOD_TOOL, {"tool_parser_format": "json"}, {}, ["rl_config.tool_parser_format"]),
     (GOOD_TOOL, {"tool_parser_format": "no_such_pkg.parsers:parse"}, {},
      ["rl_config.tool_parser_format", "does not resolve", "no_such_pkg"]),
     (GOOD_TOOL, {"max_total_response_length": 8}, {},
      ["rl_config.max_total_response_length"]),
-], ids=["yaml", "unknown_class", "no_name", "response_length", "prompt_type", "partial",
+], ids=["yaml", "unknown_class", "no_name", "response_length", "prompt_type", "partial_async",
         "parser", "parser_module", "total_length"])
 def test_bad_input_names_the_file_and_key(job, tmp_path, tool_yaml, rl, mt, words):
     text = error_of(load_config, job(megatron_training={"prompt_type": "qwen_retool", **mt},
@@ -293,7 +355,7 @@ def test_mindspeed_rl_multi_turn_config_passes_the_dry_run(tmp_path, monkeypatch
     the tool maps to the SandboxFusion client (their sandbox_fusion_url)."""
     import subprocess
 
-    from mindspeed_rl.tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.config import load_tool_config
 
     for path in ("configs/dapo_qwen25_7b_A2_multi_turn.yaml", "configs/model/qwen25_7b.yaml",
                  "configs/tools/retool_config.yaml"):
@@ -368,7 +430,7 @@ def test_each_vllm_instance_runs_its_tool_calls_once():
 def _slow_every_other(text: str):
     """A scripted parser (a random model writes no tool calls): a call in every turn; the
     call sleeps 3 s when the turn's text has an even length."""
-    from mindspeed_rl.tools.parser import ParseResult, ToolCall
+    from mindspeed_rl.agent_tools.parser import ParseResult, ToolCall
 
     code = f"import time\ntime.sleep({3 if len(text) % 2 == 0 else 0})\nprint({len(text)} * 7)"
     return ParseResult([ToolCall("code_interpreter", {"code": code}, code)], [])
@@ -382,8 +444,8 @@ def _stepwise_body(hf_dir: str, tools_yaml: str) -> dict:
     from mindspeed_rl.config.schema import SamplingConfig
     from mindspeed_rl.rollout import RolloutEngine
     from mindspeed_rl.rollout.agent_loop import (run_agent_loop_stepwise, trajectories_for)
-    from mindspeed_rl.tools.config import load_tool_config
-    from mindspeed_rl.tools.pool import ToolPool
+    from mindspeed_rl.agent_tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.pool import ToolPool
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     engine = RolloutEngine(hf_dir, max_model_len=256, max_num_seqs=16,

@@ -152,7 +152,7 @@ def test_nan_reward_model_score_names_the_row():
 
 def test_nonfinite_rollout_logprobs_are_caught():
     from mindspeed_rl.fault.nonfinite import NonFiniteError
-    from mindspeed_rl.rollout.engine import Completion, RolloutResult, check_finite_logprobs
+    from mindspeed_rl.rollout.vllm_engine import Completion, RolloutResult, check_finite_logprobs
 
     ok = RolloutResult([[Completion([5, 6], [-0.1, -2.0])]])
     check_finite_logprobs(ok)

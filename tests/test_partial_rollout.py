@@ -168,7 +168,7 @@ def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
     assert r["pieces"] == r["whole"]
     assert any(len(w) > 8 for w in r["whole"])  # at least one response really continued
     # vLLM's small compiled ops (the sampled token's log-prob rank) ran without inductor
-    # code generation on CPU (rollout/engine.py: _eager_small_compiles)
+    # code generation on CPU (rollout/vllm_engine.py: _eager_small_compiles)
     assert r["inductor"] == {}
     for a, b in zip(r["whole_lp"], r["pieces_lp"]):
         assert np.allclose(a, b, atol=1e-4)

@@ -1,4 +1,4 @@
-"""The phase tracker's view of its peers (mindspeed_rl/fault/phases.py), read from a real
+"""The phase tracker's view of its peers (mindspeed_rl/fault/phase_tracker.py), read from a real
 torch.distributed store: what the one-line report of a lost rank is built from."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import torch.distributed as dist
 
-from mindspeed_rl.fault.phases import PeerState, PhaseTracker
+from mindspeed_rl.fault.phase_tracker import PeerState, PhaseTracker
 
 
 class _StoreWhoseHostDies:

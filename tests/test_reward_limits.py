@@ -130,7 +130,7 @@ def test_batch_budget_scores_the_unfinished_calls_as_failed(capfd):
 
 
 def test_a_stopped_worker_does_not_block_the_rank(capfd):
-    """Issue #37: an idle worker is stopped (SIGSTOP: a debugger, a frozen cgroup) and the
+    """An idle worker is stopped (SIGSTOP: a debugger, a frozen cgroup) and the
     responses are 1 MiB, more than its pipe holds. The request to it cannot block the rank:
     the batch returns within its budget, the stopped worker's call scores as failed and is
     counted as unresponsive (the reason on stderr), and the next batch scores normally."""

@@ -1,7 +1,7 @@
 """The local code interpreter against hostile code: 20 attacks, each through the entry point
 the rollout uses, ``ToolPool(load_tool_config("configs/tools/code_interpreter.yaml"))``
 with the shipped settings. Against the interpreter without a sandbox (a child process as the
-trainer's user, issue #37) all but the memory, CPU-loop and output attacks (7-9, which its
+trainer's user) all but the memory, CPU-loop and output attacks (7-9, which its
 limits stopped) succeeded: here each must fail, and the test checks the effect on the host,
 not only the message.
 
@@ -33,8 +33,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mindspeed_rl.tools import ToolCall, ToolPool, load_tool_config
-from mindspeed_rl.tools.sandbox import TMPFS_BYTES, Sandbox, sandbox_problem
+from mindspeed_rl.agent_tools import ToolCall, ToolPool, load_tool_config
+from mindspeed_rl.agent_tools.preflight import sandbox_problem
+from mindspeed_rl.agent_tools.sandbox import TMPFS_BYTES, Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "configs" / "tools" / "code_interpreter.yaml"
@@ -405,13 +406,13 @@ def test_the_run_is_refused_where_the_sandbox_cannot_start(tmp_path, monkeypatch
 
     from mindspeed_rl.config import ConfigError, load_config
     from mindspeed_rl.models.tiny import make_tiny_hf_dir
-    from mindspeed_rl.tools import sandbox
+    from mindspeed_rl.agent_tools import preflight
 
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"prompt": "What is 1+1?", "answer": "2"}) + "\n")
     model = make_tiny_hf_dir("qwen2", tmp_path / "qwen2", max_position_embeddings=2048)
     monkeypatch.setenv("PATH", str(tmp_path))          # no bwrap here
-    monkeypatch.setattr(sandbox, "_PROBED", {})
+    monkeypatch.setattr(preflight, "_PROBED", {})
     with pytest.raises(ConfigError) as e:
         load_config(ROOT / "configs" / "grpo_tiny_test.yaml", [
             f"megatron_training.model={model}", f"megatron_training.data_path={data}",
@@ -431,13 +432,13 @@ def test_the_run_is_refused_where_the_sandbox_cannot_start(tmp_path, monkeypatch
 def test_unsandboxed_opt_in_warns_once(capfd, monkeypatch):
     from dataclasses import replace
 
-    from mindspeed_rl.tools import sandbox
+    from mindspeed_rl.agent_tools import preflight, sandbox
 
     [spec] = load_tool_config(SHIPPED)
     unsafe = replace(spec, unsafe_no_sandbox=True)
     monkeypatch.setattr(sandbox, "_WARNED_UNSANDBOXED", False)
     monkeypatch.delenv("RANK", raising=False)
-    assert sandbox.local_interpreter_problem(unsafe, str(SHIPPED)) is None
+    assert preflight.local_interpreter_problem(unsafe, str(SHIPPED)) is None
     with ToolPool([unsafe]) as tools:
         [result] = tools.run([(0, ToolCall("code_interpreter", {"code": "print(6 * 7)"}, ""))])
     assert result.ok and result.text == "42\n"

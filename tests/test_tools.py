@@ -1,5 +1,5 @@
-"""mindspeed_rl.tools: the tool YAML, hermes parsing, the local interpreter's limits, the
-SandboxFusion client, and the pool (issue #21's acceptance test: 64 trajectories, 5 % of
+"""mindspeed_rl.agent_tools: the tool YAML, hermes parsing, the local interpreter's limits, the
+SandboxFusion client, and the pool (the acceptance test of the pool: 64 trajectories, 5 % of
 the calls hang and 5 % crash, the batch ends within default_timeout + 10 % and no child
 process survives).
 
@@ -26,12 +26,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mindspeed_rl.tools import (CodeInterpreter, SandboxFusionClient, ToolCall, ToolConfigError,
+from mindspeed_rl.agent_tools import (CodeInterpreter, SandboxFusionClient, ToolCall, ToolConfigError,
                                 ToolPool, ToolSpec, load_tool_config, parse_hermes,
                                 tool_system_prompt, truncate)
-from mindspeed_rl.tools.config import CODE_INTERPRETER
-from mindspeed_rl.tools.retool_code import prepare_code
-from mindspeed_rl.tools.sandbox import RUNTIME_DIR
+from mindspeed_rl.agent_tools.config import CODE_INTERPRETER
+from mindspeed_rl.agent_tools.retool_code import prepare_code
+from mindspeed_rl.agent_tools.sandbox import RUNTIME_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 RETOOL_YAML = ROOT / "configs" / "tools" / "retool_config.yaml"
@@ -135,6 +135,15 @@ def test_local_interpreter_config():
     assert (spec.kind, spec.sandbox_fusion_url) == ("code_interpreter", None)
     assert (spec.num_workers, spec.default_timeout, spec.memory_limit_mb) == (4, 5.0, 512)
     assert spec.site_packages == ("numpy", "sympy", "mpmath") and not spec.unsafe_no_sandbox
+
+
+def test_the_interpreters_class_name_before_the_package_rename_still_loads(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text(LOCAL_YAML.read_text().replace(CODE_INTERPRETER,
+                                                  "mindspeed_rl.tools.code_interpreter."
+                                                  "CodeInterpreter"))
+    assert CODE_INTERPRETER not in old.read_text()
+    assert load_tool_config(old) == load_tool_config(LOCAL_YAML)
 
 
 def test_allowed_packages_import_in_the_sandbox_and_nothing_else():
@@ -247,7 +256,7 @@ def test_rate_limit_only_with_the_global_rate_limit(tmp_path):
 
 
 def test_config_module_imports_neither_torch_nor_vllm():
-    code = ("import sys, mindspeed_rl.tools.config as c; c.load_tool_config(sys.argv[1]); "
+    code = ("import sys, mindspeed_rl.agent_tools.config as c; c.load_tool_config(sys.argv[1]); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')]; "
             "sys.exit(f'imported {bad}' if bad else 0)")
     subprocess.run([sys.executable, "-c", code, str(RETOOL_YAML)], check=True, cwd=ROOT)
@@ -445,7 +454,7 @@ def test_calls_in_flight_die_with_the_rank(tmp_path):
     itself."""
     pid_file = tmp_path / "pid"
     rank = textwrap.dedent(f"""
-        from mindspeed_rl.tools import CodeInterpreter
+        from mindspeed_rl.agent_tools import CodeInterpreter
         CodeInterpreter(60, 512, sandboxed=False).run("import os, time\\n"
             "open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{os.getcwd()}}')\\n"
             "time.sleep(1000)")
@@ -473,7 +482,7 @@ def test_sandboxed_calls_die_with_the_rank(tmp_path):
     ready = tmp_path / "ready"
     rank = textwrap.dedent(f"""
         import threading, time
-        from mindspeed_rl.tools import CodeInterpreter
+        from mindspeed_rl.agent_tools import CodeInterpreter
         threading.Thread(target=lambda: (time.sleep(1.5), open({str(ready)!r}, "w").close()),
                          daemon=True).start()
         CodeInterpreter(60, 512).run("import time\\ntime.sleep(1000)")
@@ -625,7 +634,7 @@ def test_pool_queues_past_num_workers():
 
 
 def test_64_trajectories_with_hanging_and_crashing_calls():
-    """Issue #21's acceptance test. 64 calls, one per trajectory: 3 hang (spin, sleep), 3
+    """The pool's acceptance test. 64 calls, one per trajectory: 3 hang (spin, sleep), 3
     crash (abort, raise), 58 print a product. All 64 in flight at once; the batch ends
     within default_timeout + 10 %, every result is there, and no child process survives."""
     timeout = 5.0

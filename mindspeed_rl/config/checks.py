@@ -412,8 +412,8 @@ def check_tool_sandbox(config: RLJobConfig) -> None:
     rl = config.rl_config
     if not rl.multi_turn_enable or rl.tool_config_path is None:
         return
-    from mindspeed_rl.tools.config import load_tool_config
-    from mindspeed_rl.tools.sandbox import local_interpreter_problem
+    from mindspeed_rl.agent_tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.preflight import local_interpreter_problem
 
     for spec in load_tool_config(rl.tool_config_path):
         if spec.kind != "code_interpreter":
@@ -611,9 +611,11 @@ def _check_multi_turn(config: RLJobConfig) -> None:
     _require(estimator.phase == names.ADV, "rl_config.adv_estimator", rl.adv_estimator,
              "its per-token returns are not built for responses with tool tokens inside "
              "(multi_turn_enable)", f"use one of {sequence_level} with multi_turn_enable")
-    _require(rl.partial_rollout_max_split == 1, "rl_config.partial_rollout_max_split",
-             rl.partial_rollout_max_split, "partial rollout and multi-turn rollouts are not "
-             "combined here", "set partial_rollout_max_split: 1 with multi_turn_enable")
+    _require(rl.partial_rollout_max_split == 1 or not rl.async_engine, "rl_config.async_engine",
+             True, "partial rollout with multi-turn runs the batch-wide agent loop in each "
+             f"pass (partial_rollout_max_split={rl.partial_rollout_max_split}); the step-wise "
+             "loop has no pass budget", "set async_engine: false, or partial_rollout_max_split: "
+             "1 for step-wise turns")
     _require(rl.tool_config_path is not None, "rl_config.tool_config_path", None,
              "multi_turn_enable needs the tool YAML", "e.g. configs/tools/code_interpreter.yaml")
     # null: MindSpeed-RL's configs leave it to their preprocessed (indexed) data, whose
@@ -631,8 +633,8 @@ def _check_multi_turn(config: RLJobConfig) -> None:
              rl.max_total_response_length, f"is smaller than generate_config.sampling_config."
              f"max_tokens={max_tokens} (MindSpeed-RL refuses the same)",
              f"use at least {max_tokens}")
-    from mindspeed_rl.tools.config import ToolConfigError, load_tool_config
-    from mindspeed_rl.tools.parser import tool_parser
+    from mindspeed_rl.agent_tools.config import ToolConfigError, load_tool_config
+    from mindspeed_rl.agent_tools.parser import tool_parser
 
     try:
         tool_parser(rl.tool_parser_format)

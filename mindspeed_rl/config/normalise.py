@@ -77,6 +77,18 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
     out.written = raw
     out.separate_workers = _separate_workers(raw.get("rl_config"), problems)
 
+    _top_level(raw, file_name, out, problems)
+    _sections(raw, out, problems, translated)
+    _stage(translated.pop("stage", None), algorithm, out, problems)
+    _translate(out, problems, translated)
+    if problems:
+        raise ConfigErrors(problems, file_name)
+    return out
+
+
+def _top_level(raw: dict, file_name: str, out: Normalised, problems: list) -> None:
+    """The keys beside the sections: ``defaults`` (Hydra's model list), MindSpeed-RL's
+    top-level settings, and unknown sections."""
     for name, value in raw.items():
         if name in SECTIONS:
             continue
@@ -93,6 +105,9 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
         else:
             out.notices.append(f"{name}: {r.detail}")
 
+
+def _sections(raw: dict, out: Normalised, problems: list, translated: dict) -> None:
+    """Every key of every section, placed under today's name (or refused)."""
     for section in ("megatron_training", "actor_config", "ref_config", "rl_config",
                     "generate_config", "critic_config", "reward_config"):
         body = raw.get(section)
@@ -122,32 +137,31 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
             _place(out, problems, translated, section, str(key), value,
                    out.sections[section])
 
-    stage = translated.pop("stage", None)
-    if stage is not None and stage[1] is not None:
-        wanted = registry.algorithm_of_stage(stage[1])
-        launcher = registry.algorithm(algorithm).launcher
-        if wanted is None:
-            problems.append(ConfigError(stage[0], "is not a stage this project runs",
-                                        f"use one of {registry.stages()}", value=stage[1]))
-        elif wanted.name != algorithm:
-            problems.append(ConfigError(stage[0], f"cannot be honoured here: "
-                                        f"{launcher} runs {algorithm.upper()}",
-                                        f"launch {wanted.launcher} for {stage[1]}",
-                                        value=stage[1]))
-        elif stage[1] == "ray_dapo":
-            _dapo_without_reference(out, stage)
-        else:
-            out.notices.append(f"{stage[0]}={show_value(stage[1])}: the launcher "
-                               f"{launcher} runs it")
-        if stage[1] == "ray_dapo" and out.sections["rl_config"].get("share_backbone"):
-            problems.append(ConfigError("rl_config.share_backbone", "DAPO has no reference "
-                                        f"model to share the backbone with ({stage[0]}="
-                                        f"{show_value(stage[1])}), as MindSpeed-RL refuses",
-                                        "set share_backbone: false", value=True))
-    _translate(out, problems, translated)
-    if problems:
-        raise ConfigErrors(problems, file_name)
-    return out
+
+def _stage(stage, algorithm: str, out: Normalised, problems: list) -> None:
+    """``rl_config.stage`` (MindSpeed-RL's trainer name) against the launcher's algorithm."""
+    if stage is None or stage[1] is None:
+        return
+    wanted = registry.algorithm_of_stage(stage[1])
+    launcher = registry.algorithm(algorithm).launcher
+    if wanted is None:
+        problems.append(ConfigError(stage[0], "is not a stage this project runs",
+                                    f"use one of {registry.stages()}", value=stage[1]))
+    elif wanted.name != algorithm:
+        problems.append(ConfigError(stage[0], f"cannot be honoured here: "
+                                    f"{launcher} runs {algorithm.upper()}",
+                                    f"launch {wanted.launcher} for {stage[1]}",
+                                    value=stage[1]))
+    elif stage[1] == "ray_dapo":
+        _dapo_without_reference(out, stage)
+    else:
+        out.notices.append(f"{stage[0]}={show_value(stage[1])}: the launcher "
+                           f"{launcher} runs it")
+    if stage[1] == "ray_dapo" and out.sections["rl_config"].get("share_backbone"):
+        problems.append(ConfigError("rl_config.share_backbone", "DAPO has no reference "
+                                    f"model to share the backbone with ({stage[0]}="
+                                    f"{show_value(stage[1])}), as MindSpeed-RL refuses",
+                                    "set share_backbone: false", value=True))
 
 
 def _separate_workers(rl: Any, problems: list) -> bool:

@@ -427,7 +427,7 @@ class RLConfig:
         "how tool calls are found in the model's text: hermes = "
         "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; or "
         "package.module:function, a parser of your own (text -> "
-        "mindspeed_rl.tools.parser.ParseResult)"))
+        "mindspeed_rl.agent_tools.parser.ParseResult)"))
     use_tensorboard: bool = setting(False, "also write tensorboard events to "
                                            "megatron_training.log_dir")
     use_wandb: bool = setting(False, "also log to Weights & Biases")

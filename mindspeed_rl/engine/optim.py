@@ -30,8 +30,7 @@ class TrainableModel:
                  max_consecutive_skipped_steps: int = 3) -> None:
         from megatron.core.distributed import (DistributedDataParallel,
                                                DistributedDataParallelConfig, finalize_model_grads)
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.optimizer import get_megatron_optimizer
 
         self.model = model
         config = model.config
@@ -43,20 +42,10 @@ class TrainableModel:
         # Without these two hooks DP and sequence-parallel grads are silently not reduced.
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = self.ddp.no_sync
-        s = section
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=s.lr, min_lr=s.min_lr,
-                            weight_decay=s.weight_decay, adam_beta1=s.adam_beta1,
-                            adam_beta2=s.adam_beta2, clip_grad=s.clip_grad, bf16=bf16,
-                            params_dtype=config.params_dtype,
-                            use_distributed_optimizer=use_distributed_optimizer),
+            _optimizer_config(section, bf16, config.params_dtype, use_distributed_optimizer),
             [self.ddp])
-        warmup = int(s.lr_warmup_fraction * total_steps)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if warmup else s.lr, max_lr=s.lr, min_lr=s.min_lr,
-            lr_warmup_steps=warmup, lr_decay_steps=max(total_steps, 1),
-            lr_decay_style=s.lr_decay_style, start_wd=s.weight_decay, end_wd=s.weight_decay,
-            wd_incr_steps=max(total_steps, 1), wd_incr_style="constant")
+        self.scheduler = _lr_schedule(self.optimizer, section, total_steps)
         # NaN/Inf in the loss or a gradient: every rank skips the step (weights, optimizer
         # state and LR schedule unchanged); too many in a row stop the run.
         self.step_guard = StepGuard(max_consecutive_skipped_steps)
@@ -103,3 +92,27 @@ class TrainableModel:
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             if hasattr(opt, "_init_optimizer_states_with_dummy_values"):  # the sharded one;
                 opt._init_optimizer_states_with_dummy_values()  # FP32Optimizer inits itself
+
+
+def _optimizer_config(s: OptimizerKeys, bf16: bool, params_dtype, use_distributed_optimizer):
+    """megatron-core's Adam settings from the role's section."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(optimizer="adam", lr=s.lr, min_lr=s.min_lr,
+                           weight_decay=s.weight_decay, adam_beta1=s.adam_beta1,
+                           adam_beta2=s.adam_beta2, clip_grad=s.clip_grad, bf16=bf16,
+                           params_dtype=params_dtype,
+                           use_distributed_optimizer=use_distributed_optimizer)
+
+
+def _lr_schedule(optimizer, s: OptimizerKeys, total_steps: int):
+    """Linear warm-up over ``lr_warmup_fraction`` of the run's steps, then ``lr_decay_style``
+    down to ``min_lr``; weight decay constant."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    warmup = int(s.lr_warmup_fraction * total_steps)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if warmup else s.lr, max_lr=s.lr, min_lr=s.min_lr,
+        lr_warmup_steps=warmup, lr_decay_steps=max(total_steps, 1),
+        lr_decay_style=s.lr_decay_style, start_wd=s.weight_decay, end_wd=s.weight_decay,
+        wd_incr_steps=max(total_steps, 1), wd_incr_style="constant")

@@ -1,6 +1,6 @@
 """Faults: a hung or dead rank, preemption, bad numbers — and how a launcher reports them.
 
-- :mod:`~mindspeed_rl.fault.phases`: the phase and iteration of every rank, published in
+- :mod:`~mindspeed_rl.fault.phase_tracker`: the phase and iteration of every rank, published in
   the job's store so a survivor names where a failed collective was and who is lost;
 - :mod:`~mindspeed_rl.fault.collective`: recognising a failed collective, in one line;
 - :mod:`~mindspeed_rl.fault.preemption`: SIGTERM -> checkpoint at the next iteration

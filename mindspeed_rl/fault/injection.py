@@ -7,7 +7,7 @@ Set ``MINDSPEED_RL_FAULT_INJECT`` to one or more comma-separated specs::
 - ``point``: a trainer phase (``rollout``, ``resharding_to_infer``, ``resharding_to_train``,
   ``reward``, ``adv``, ``old_log_p``, ``reference_model``, ``update``, ``checkpoint``,
   ``all``, ``startup``) — the rank acts right after entering it and publishing it — or an
-  explicit point inside a phase (``injection_point`` in fault/phases.py, which knows the
+  explicit point inside a phase (``injection_point`` in fault/phase_tracker.py, which knows the
   rank and iteration): ``checkpoint_write`` (after this rank wrote its shards, before the
   ranks agree the save is complete).
 - ``rank``: the global rank that fails; ``iteration``: only in that iteration (default:

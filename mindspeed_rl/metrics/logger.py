@@ -210,21 +210,23 @@ class MetricsLogger:
                              "to write the event files to")
         if rank != 0:
             return
-
         if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            if not resume:
-                # A new run must not append to an old run's curves, but an
-                # accidental reuse of log_dir should not destroy them either.
-                _move_aside(self.metrics_path)
-                _move_aside(self.log_dir / TENSORBOARD_DIRNAME)
-            self._file = open(self.metrics_path, "a" if resume else "w", encoding="utf-8")
+            self._file = self._open_metrics_file(resume)
         if use_tensorboard:
             self._open_tensorboard(purge_step=None)
         if use_wandb:
             self._wandb_run = self._init_wandb(wandb_project, run_config, resume)
 
     # ---- backends ---------------------------------------------------------------
+
+    def _open_metrics_file(self, resume: bool):
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            # A new run must not append to an old run's curves, but an
+            # accidental reuse of log_dir should not destroy them either.
+            _move_aside(self.metrics_path)
+            _move_aside(self.log_dir / TENSORBOARD_DIRNAME)
+        return open(self.metrics_path, "a" if resume else "w", encoding="utf-8")
 
     def _open_tensorboard(self, purge_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter

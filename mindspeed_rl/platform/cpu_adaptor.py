@@ -117,7 +117,12 @@ class _CpuCuda(types.ModuleType):
             get_rng_state=self.get_rng_state, set_rng_state=self.set_rng_state,
             manual_seed=cpu.manual_seed, manual_seed_all=cpu.manual_seed,
         )
-        # p2p_communication, async checkpoint writer, alltoall MoE dispatcher, timers.
+        self._no_streams()
+        self._no_device_memory()
+        self.is_available = lambda: False
+
+    def _no_streams(self) -> None:
+        """p2p_communication, async checkpoint writer, alltoall MoE dispatcher, timers."""
         self.synchronize = lambda *a, **k: None
         self.empty_cache = lambda: None
         self.Stream = _DummyStream
@@ -131,12 +136,13 @@ class _CpuCuda(types.ModuleType):
                                           range_pop=lambda *a, **k: None,
                                           range=lambda *a, **k: contextlib.nullcontext(),
                                           mark=lambda *a, **k: None)
-        # Memory reporting (megatron's report_memory, MoE trackers): nothing on a device.
+
+    def _no_device_memory(self) -> None:
+        """Memory reporting (megatron's report_memory, MoE trackers): nothing on a device."""
         for counter in ("memory_allocated", "max_memory_allocated", "memory_reserved",
                         "max_memory_reserved"):
             setattr(self, counter, lambda *a, **k: 0)
         self.memory_stats = lambda *a, **k: {}
-        self.is_available = lambda: False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)

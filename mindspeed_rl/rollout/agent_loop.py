@@ -6,7 +6,7 @@ Every trajectory of the rank advances together, one batched generation per turn:
 2. parse the turn's tool calls (``rl_config.tool_parser_format``, hermes:
    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``);
 3. run at most ``max_parallel_calls`` of them per trajectory, every trajectory's calls
-   at once in the tool pool (``mindspeed_rl.tools``);
+   at once in the tool pool (``mindspeed_rl.agent_tools``);
 4. append the tool responses as tool messages through the model's chat template
    (:class:`ToolTurnTemplate`) and continue; a trajectory without calls, out of calls
    (``max_tool_calls``) or out of tokens (``max_total_response_length``) leaves the batch.
@@ -29,7 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from mindspeed_rl.tools.parser import ParseResult, truncate
+from mindspeed_rl.agent_tools.parser import ParseResult, truncate
 
 _MARK = "\u2063MSRL-CONTENT\u2063"  # a probe message's content: found back in the rendered text
 
@@ -111,16 +111,31 @@ class Trajectory:
     tool_timeouts: int = 0
     finish_reason: str = "stop"  # of its last model turn, or "length" at the token budget
     done: bool = False
+    # Partial rollout: the model tokens this trajectory may still generate in this pass
+    # (None: no pass budget); a trajectory out of it is ``paused``, not done, and resumes in
+    # a later pass, inside its unfinished model turn when ``open_turn`` >= 0 (that turn's
+    # first token in ``tokens``).
+    pass_left: int | None = None
+    paused: bool = False
+    open_turn: int = -1
 
     @property
     def model_tokens(self) -> int:
         return sum(self.mask)
 
-    def add_model_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_model_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> int:
+        """Append model tokens: a new turn, or more of the open one; returns the turn's
+        first token."""
+        start = self.open_turn if self.open_turn >= 0 else len(self.tokens)
+        if self.open_turn < 0:
+            self.turns += 1
         self.tokens += list(token_ids)
         self.mask += [1] * len(token_ids)
         self.logprobs += list(logprobs)
-        self.turns += 1
+        if self.pass_left is not None:
+            self.pass_left -= len(token_ids)
+        self.open_turn = -1
+        return start
 
     def add_tool_turn(self, token_ids: Sequence[int]) -> None:
         self.tokens += list(token_ids)
@@ -163,14 +178,15 @@ def run_agent_loop(generate, trajectories: list[Trajectory], *, pool, template: 
     """
     stats = TurnStats()
     while True:
-        active = [t for t in trajectories if not t.done]
+        active = [t for t in trajectories if not t.done and not t.paused]
         if not active:
             return stats
         completions = generate([t.prompt + t.tokens for t in active],
                                [_turn_seed(t) for t in active],
                                [_turn_budget(t, limits, max_tokens) for t in active])
         pending = [(t, parsed) for t, c in zip(active, completions)
-                   if (parsed := _model_turn(t, c, limits, parse, decode)) is not None]
+                   if (parsed := _model_turn(t, c, limits, parse, decode, max_tokens))
+                   is not None]
         if not pending:
             continue
         started = time.monotonic()
@@ -207,7 +223,7 @@ def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling,
         decoding[rid] = t
 
     for t in trajectories:
-        if not t.done:
+        if not t.done and not t.paused:
             next_turn(t)
     while decoding or calling:
         if decoding:
@@ -219,7 +235,7 @@ def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling,
             finished = []
         for rid, completion in finished:
             t = decoding.pop(rid)
-            parsed = _model_turn(t, completion, limits, parse, decode)
+            parsed = _model_turn(t, completion, limits, parse, decode, sampling.max_tokens)
             if parsed is not None:
                 calling.append((t, parsed, [pool.submit(call)
                                             for call in _calls_to_run(t, parsed, limits)]))
@@ -230,7 +246,7 @@ def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling,
                 continue
             _tool_turn(t, parsed, [f.result() for f in futures], template, limits,
                        eos_token_id)
-            if not t.done:
+            if not t.done and not t.paused:
                 next_turn(t)
         calling = waiting
     return stats
@@ -241,20 +257,29 @@ def _turn_seed(t: Trajectory) -> int:
 
 
 def _turn_budget(t: Trajectory, limits: AgentLimits, max_tokens: int) -> int:
-    return min(max_tokens, limits.max_total_response_length - len(t.tokens))
+    """Tokens the next model turn may generate: the rest of ``max_tokens`` for the turn (an
+    open turn has used some), of the trajectory's total, and of the pass's budget."""
+    turn_left = max_tokens - (len(t.tokens) - t.open_turn if t.open_turn >= 0 else 0)
+    budget = min(turn_left, limits.max_total_response_length - len(t.tokens))
+    return budget if t.pass_left is None else min(budget, t.pass_left)
 
 
-def _model_turn(t: Trajectory, completion, limits: AgentLimits, parse, decode
-                ) -> ParseResult | None:
-    """Append a model turn; the tool calls it wrote, or None when the trajectory is done."""
-    t.add_model_turn(completion.token_ids, completion.logprobs)
+def _model_turn(t: Trajectory, completion, limits: AgentLimits, parse, decode,
+                max_tokens: int) -> ParseResult | None:
+    """Append a model turn (or the rest of the open one); the tool calls the turn wrote, or
+    None when the trajectory is done or paused."""
+    start = t.add_model_turn(completion.token_ids, completion.logprobs)
     # A turn cut at max_tokens still runs the calls it wrote (as MindSpeed-RL and verl do);
     # the template then closes the turn itself (glue, mask 0).
     t.finish_reason = completion.finish_reason or "length"
     if len(t.tokens) >= limits.max_total_response_length:
         t.done, t.finish_reason = True, "length"
         return None
-    parsed = parse(decode(completion.token_ids)) if t.tool_calls < limits.max_tool_calls \
+    if (t.pass_left is not None and t.pass_left <= 0 and t.finish_reason == "length"
+            and len(t.tokens) - start < max_tokens):  # cut by the pass, not by max_tokens
+        t.paused, t.open_turn = True, start
+        return None
+    parsed = parse(decode(t.tokens[start:])) if t.tool_calls < limits.max_tool_calls \
         else ParseResult([], [])
     if not parsed.calls and not parsed.errors:
         t.done = True
@@ -293,6 +318,7 @@ def _tool_turn(t: Trajectory, parsed: ParseResult, results: Sequence, template: 
         t.done, t.finish_reason = True, "length"
         return
     t.add_tool_turn(ids)
+    t.paused = t.pass_left is not None and t.pass_left <= 0
 
 
 def trajectories_for(prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[int]

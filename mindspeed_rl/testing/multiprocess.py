@@ -34,7 +34,7 @@ from mindspeed_rl.parallel.ports import free_port
 PRELOAD = ["torch", "torch.distributed", "megatron.core", "megatron.core.parallel_state",
            "megatron.core.models.gpt", "transformers", "safetensors.torch",
            # vLLM's LLM class, not its model runner or sampler: those are imported when an
-           # engine is built, after rollout/engine.py has set their compile backend.
+           # engine is built, after rollout/vllm_engine.py has set their compile backend.
            "vllm.entrypoints.llm", "mindspeed_rl.testing.multiprocess"]
 
 

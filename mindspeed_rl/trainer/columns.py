@@ -61,10 +61,10 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("token_versions", torch.int64, "[R]", _R, _R + ("update",),
            "partial rollout: the weight version that generated each response token (a "
            "response continued across iterations mixes versions)", PARTIAL_ROLLOUT),
-    Column("response_mask", torch.int64, "[R]", _R, ("adv", "update"),
+    Column("response_mask", torch.int64, "[R]", _R, _R + ("adv", "update"),
            "multi-turn: 1 on the model's own tokens, 0 on tool responses and template glue "
            "(the loss, its token counts, KL and entropy cover only the 1s)", MULTI_TURN),
-    Column("tool_calls", torch.int64, "[]", _R, ("reward",),
+    Column("tool_calls", torch.int64, "[]", _R, _R + ("reward",),
            "multi-turn: tool calls the trajectory made (retool_reward's bonus)", MULTI_TURN),
     Column("prompt_index", torch.int64, "[]", _R, _R + ("reward",),
            "the prompt's index in the training dataset (its gold answer for the verifiers)"),

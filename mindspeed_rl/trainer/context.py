@@ -9,11 +9,19 @@ iteration's mutable state. A phase changes nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from mindspeed_rl.algorithms import KLController
-from mindspeed_rl.data import slice_per_dp_rank
+from mindspeed_rl.data import PromptDataset, slice_per_dp_rank
 from mindspeed_rl.transfer_dock import DockBatch
+
+if TYPE_CHECKING:  # types only: importing them here would load megatron and transformers
+    from transformers import PreTrainedTokenizerBase
+
+    from mindspeed_rl.config import RLJobConfig
+    from mindspeed_rl.config.plan import Plan
+    from mindspeed_rl.rewards import RewardPool
+    from mindspeed_rl.trainer.roles import Roles
 
 
 @dataclass
@@ -33,13 +41,23 @@ class IterationState:
     Generation runs in rounds: the skeleton repeats the algorithm's round phases
     (reshard, rollout, reward, ...) until the batch is ready. A round-closing phase (DAPO's
     dynamic sampling) sets ``batch_ready = False`` to ask for another round on fresh
-    prompts and keeps what it needs between rounds in ``memo`` (by its name).
+    prompts and tallies the groups of the rounds so far in ``groups``.
     """
 
     iteration: int
     generation_round: int = 0
     batch_ready: bool = True
-    memo: dict[str, Any] = field(default_factory=dict)
+    groups: RoundGroups = field(default_factory=lambda: RoundGroups())
+
+
+@dataclass
+class RoundGroups:
+    """The groups the generation rounds of one iteration produced, in generation order and
+    the same on every rank: ``(group_id, row ids)`` kept for training or dropped."""
+
+    kept: list[tuple[int, list[int]]] = field(default_factory=list)
+    dropped: list[tuple[int, list[int]]] = field(default_factory=list)
+    generated: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,11 +91,18 @@ class BoundFlow:
         return self._flow.put_rows(self.phase, columns, group_size=group_size, held=held,
                                    tags=tags)
 
-    @property
-    def dock(self):
-        """The TransferDock itself, for its replicated row metadata (``rows``, ``tags``)
-        and ``release``; data moves only through get and put."""
-        return self._flow.dock
+    def rows(self, *, held: bool | None = None):
+        """The dock's rows (replicated metadata): all, or only those held (``held=True``:
+        partial rollout's carried rows) or not held."""
+        return self._flow.dock.rows(held=held)
+
+    def tags(self, tag: str, rows):
+        """A per-row tag of ``rows`` (replicated metadata: group, birth pass, ...)."""
+        return self._flow.dock.tags(tag, rows)
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Held rows become visible to their consumers (partial rollout: finished groups)."""
+        self._flow.dock.release(rows)
 
     def carries(self, column: str) -> bool:
         """Whether this algorithm's flow keeps ``column`` (some phase writes it and another
@@ -97,17 +122,17 @@ class BoundFlow:
 class PhaseContext:
     """Everything a phase may read, and the two states it may change."""
 
-    config: Any  # RLJobConfig
-    plan: Any  # config.plan.Plan: layout and batch sizes
-    roles: Any  # trainer.roles.Roles
-    train_data: Any  # data.PromptDataset
-    tokenizer: Any
+    config: RLJobConfig
+    plan: Plan  # layout and batch sizes
+    roles: Roles
+    train_data: PromptDataset
+    tokenizer: PreTrainedTokenizerBase
     vocab_size: int
     ranks: Ranks
     flow: BoundFlow
     state: TrainerState
     it: IterationState
-    reward_pool: Any = None  # rewards.RewardPool: the verifiers' worker processes
+    reward_pool: RewardPool | None = None  # the verifiers' worker processes
 
     @property
     def rl(self):

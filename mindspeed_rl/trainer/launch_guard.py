@@ -44,7 +44,7 @@ import traceback
 from collections.abc import Callable
 
 from mindspeed_rl.fault.collective import collective_failure_kind, describe_collective_failure
-from mindspeed_rl.fault.phases import tracker
+from mindspeed_rl.fault.phase_tracker import tracker
 from mindspeed_rl.fault.preemption import Preempted, preemption
 
 BAD_INPUT_EXIT = 2

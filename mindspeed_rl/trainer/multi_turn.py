@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from mindspeed_rl.rollout.agent_loop import (AgentLimits, ToolTurnTemplate, run_agent_loop,
                                              run_agent_loop_stepwise, trajectories_for)
-from mindspeed_rl.tools.parser import tool_parser
+from mindspeed_rl.agent_tools.parser import tool_parser
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
 from mindspeed_rl.trainer.reductions import global_stats, global_sums
+from mindspeed_rl.trainer.rollout_rows import columns_of, fresh_rows, row_columns
 
 
 @dataclass
@@ -56,8 +55,8 @@ def loop_line(config) -> str | None:
 
 
 def build_agent(config, tokenizer, world: int) -> Agent:
-    from mindspeed_rl.tools.config import load_tool_config
-    from mindspeed_rl.tools.pool import ToolPool
+    from mindspeed_rl.agent_tools.config import load_tool_config
+    from mindspeed_rl.agent_tools.pool import ToolPool
 
     rl = config.rl_config
     pool = _InstancePool(ToolPool(load_tool_config(rl.tool_config_path)),
@@ -73,21 +72,26 @@ def run_trajectories(agent: Agent, engine, tokenizer, prompts, n: int, sampling,
     ``stepwise`` (:func:`stepwise_turns`): each trajectory advances on its own
     (run_agent_loop_stepwise)."""
     trajectories = trajectories_for(prompts, n, seeds)
+    return trajectories, advance(agent, engine, tokenizer, trajectories, sampling,
+                                 stepwise=stepwise)
+
+
+def advance(agent: Agent, engine, tokenizer, trajectories, sampling, *, stepwise: bool = False):
+    """Run the agent loop on ``trajectories`` until each is done, or paused at its pass
+    budget (``Trajectory.pass_left``, partial rollout); the loop's stats."""
     common = dict(template=agent.template, parse=agent.parse, limits=agent.limits,
                   decode=tokenizer.decode, eos_token_id=tokenizer.eos_token_id)
     if stepwise:
-        stats = run_agent_loop_stepwise(engine, trajectories, sampling=sampling,
-                                        pool=agent.pool.pool, **common)
-        return trajectories, stats
+        return run_agent_loop_stepwise(engine, trajectories, sampling=sampling,
+                                       pool=agent.pool.pool, **common)
 
     def generate(token_prompts, turn_seeds, budgets):
         result = engine.generate(token_prompts, 1, sampling, seeds=turn_seeds,
                                  max_tokens=budgets, use_tqdm=False)
         return [group[0] for group in result.completions]
 
-    stats = run_agent_loop(generate, trajectories, pool=agent.pool,
-                           max_tokens=sampling.max_tokens, **common)
-    return trajectories, stats
+    return run_agent_loop(generate, trajectories, pool=agent.pool,
+                          max_tokens=sampling.max_tokens, **common)
 
 
 def agent_of(roles, config, tokenizer, world: int) -> Agent:
@@ -104,29 +108,15 @@ def multi_turn_rollout(ctx: PhaseContext) -> dict[str, float]:
     agent = agent_of(ctx.roles, ctx.config, ctx.tokenizer, me.world)
     mine, first_group, seeds = ctx.take_round_prompts()
     prompts = [ctx.train_data[i].prompt_ids for i in mine]
-    trajectories, stats = run_trajectories(agent, ctx.roles.rollout, ctx.tokenizer, prompts, n,
-                                           ctx.config.sampling_config, seeds,
-                                           stepwise=stepwise_turns(ctx.config))
-    ctx.flow.put_rows(_columns(ctx, trajectories, mine, first_group) if me.is_gen_writer else {},
-                      group_size=n)
+    rows = fresh_rows(prompts, mine, first_group, n, ctx.roles.actor.weight_version, seeds)
+    trajectories = [r.t for r in rows]
+    stats = advance(agent, ctx.roles.rollout, ctx.tokenizer, trajectories,
+                    ctx.config.sampling_config, stepwise=stepwise_turns(ctx.config))
+    for r in rows:
+        r.finish = FINISH_REASONS.index(r.t.finish_reason)
+    names = row_columns(partial=False, multi_turn=True)
+    ctx.flow.put_rows(columns_of(rows, names) if me.is_gen_writer else {}, group_size=n)
     return _metrics(ctx, trajectories, prompts, stats.tool_seconds)
-
-
-def _columns(ctx: PhaseContext, trajectories, mine, first_group) -> dict[str, list]:
-    n = ctx.rl.n_samples_per_prompt
-    scalar = lambda values: [torch.tensor(v, dtype=torch.int64) for v in values]  # noqa: E731
-    return {
-        "prompt_ids": [torch.tensor(t.prompt) for t in trajectories],
-        "response_ids": [torch.tensor(t.tokens, dtype=torch.long) for t in trajectories],
-        "response_mask": [torch.tensor(t.mask, dtype=torch.int64) for t in trajectories],
-        "logprobs_rollout": [torch.tensor(t.logprobs, dtype=torch.float32) for t in trajectories],
-        "tool_calls": scalar(t.tool_calls for t in trajectories),
-        "prompt_index": scalar(i for i in mine for _ in range(n)),
-        "finish_reason": scalar(FINISH_REASONS.index(t.finish_reason) for t in trajectories),
-        "weight_version": scalar(ctx.roles.actor.weight_version for _ in trajectories),
-        "group_id": scalar(first_group + g for g in range(len(mine)) for _ in range(n)),
-        "sample_idx": scalar(j for _ in mine for j in range(n)),
-    }
 
 
 def _metrics(ctx, trajectories, prompts, tool_seconds) -> dict[str, float]:

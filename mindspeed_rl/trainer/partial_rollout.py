@@ -32,18 +32,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mindspeed_rl.config.checks import response_limit
 from mindspeed_rl.data import slice_per_dp_rank
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.multi_turn import advance, agent_of
 from mindspeed_rl.trainer.reductions import global_sums
+from mindspeed_rl.trainer.rollout_rows import (PARTIAL, Row, SingleTurn, columns_of, fresh_rows,
+                                               row_columns, rows_of)
 
 # Replicated per-row tags of held rows (TransferDock.put(..., tags=...)).
 FINISHED, BIRTH, GROUP, LENGTH = "finished", "birth", "group", "length"
-PARTIAL = FINISH_REASONS.index("partial")
-# Everything a continuation reads of a row, and writes back (with the new tokens).
-ROW_COLUMNS = ("prompt_ids", "response_ids", "logprobs_rollout", "token_versions",
-               "prompt_index", "finish_reason", "weight_version", "birth_iteration",
-               "num_segments", "group_id", "sample_idx")
+MODEL_TOKENS = "model_tokens"  # multi-turn: the row's own tokens (the loss mask's 1s)
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ class Pool:
         return np.where(self.birth < 0, 0, iteration - self.birth)
 
 
-def pool_of(dock) -> Pool:
-    rows = dock.rows(held=True)
-    group, birth, done, length = (dock.tags(t, rows) for t in (GROUP, BIRTH, FINISHED, LENGTH))
+def pool_of(flow) -> Pool:
+    rows = flow.rows(held=True)
+    group, birth, done, length = (flow.tags(t, rows) for t in (GROUP, BIRTH, FINISHED, LENGTH))
     ids, which = np.unique(group, return_inverse=True)
     births = np.full(len(ids), -1, dtype=np.int64)
     np.maximum.at(births, which, birth)  # a group starts in one pass: one birth per group
@@ -83,9 +83,9 @@ def partial_rollout(ctx: PhaseContext) -> dict[str, float]:
     split, target = ctx.rl.partial_rollout_max_split, ctx.batch.prompts_per_generation_round
     iteration = ctx.it.iteration
     generated = {"tokens": 0.0, "prompt_tokens": 0.0, "passes": 0}
-    _intake(ctx, 2 * target - len(pool_of(ctx.flow.dock).groups))
+    _intake(ctx, 2 * target - len(pool_of(ctx.flow).groups))
     while True:
-        pool = pool_of(ctx.flow.dock)
+        pool = pool_of(ctx.flow)
         old = pool.ages(iteration) >= split - 1
         waiting = ctx.rl.require_max_age_all_finished and bool((old & ~pool.finished).any())
         if pool.finished.sum() >= target and not waiting:
@@ -112,28 +112,28 @@ def _intake(ctx: PhaseContext, num_groups: int) -> None:
     mine = slice_per_dp_rank(indices, me.gen_dp_rank, dp_g)
     first_group = ctx.state.groups_generated + me.gen_dp_rank * len(mine)
     ctx.state.groups_generated += num_groups
+    rows = fresh_rows([ctx.train_data[i].prompt_ids for i in mine], mine, first_group, n,
+                      ctx.roles.actor.weight_version, [0] * len(mine))
+    _put(ctx, rows)
+
+
+def _names(ctx: PhaseContext) -> tuple[str, ...]:
+    """Everything a continuation reads of a row, and writes back (with the new tokens)."""
+    return row_columns(partial=True, multi_turn=ctx.rl.multi_turn_enable)
+
+
+def _put(ctx: PhaseContext, rows: list[Row]) -> None:
+    """The rows (this rank's, when it writes its instance's rows) as new held rows, with the
+    replicated tags every rank reads the pool from."""
     columns, tags = {}, {}
-    if me.is_gen_writer:
-        ids = [first_group + g for g in range(len(mine)) for _ in range(n)]
-        scalar = lambda values: [torch.tensor(int(v)) for v in values]  # noqa: E731
-        version = ctx.roles.actor.weight_version
-        columns = {
-            "prompt_ids": [torch.tensor(ctx.train_data[i].prompt_ids) for i in mine
-                           for _ in range(n)],
-            "response_ids": [torch.zeros(0, dtype=torch.int64) for _ in ids],
-            "logprobs_rollout": [torch.zeros(0, dtype=torch.float32) for _ in ids],
-            "token_versions": [torch.zeros(0, dtype=torch.int64) for _ in ids],
-            "prompt_index": scalar(i for i in mine for _ in range(n)),
-            "finish_reason": scalar(PARTIAL for _ in ids),
-            "weight_version": scalar(version for _ in ids),
-            "birth_iteration": scalar(-1 for _ in ids),  # set by its first pass
-            "num_segments": scalar(0 for _ in ids),
-            "group_id": scalar(ids),
-            "sample_idx": scalar(j for _ in mine for j in range(n)),
-        }
-        tags = {FINISHED: [0] * len(ids), BIRTH: [-1] * len(ids), GROUP: ids,
-                LENGTH: [0] * len(ids)}
-    ctx.flow.put_rows(columns, group_size=n, held=True, tags=tags)
+    if ctx.ranks.is_gen_writer and rows:
+        columns = columns_of(rows, _names(ctx))
+        tags = {FINISHED: [int(r.finished) for r in rows],
+                BIRTH: [r.birth_iteration for r in rows], GROUP: [r.group_id for r in rows],
+                LENGTH: [len(r.t.tokens) for r in rows]}
+        if ctx.rl.multi_turn_enable:
+            tags[MODEL_TOKENS] = [sum(r.t.mask) for r in rows]
+    ctx.flow.put_rows(columns, group_size=ctx.rl.n_samples_per_prompt, held=True, tags=tags)
 
 
 def _one_pass(ctx: PhaseContext, pool: Pool) -> tuple[float, float]:
@@ -145,20 +145,12 @@ def _one_pass(ctx: PhaseContext, pool: Pool) -> tuple[float, float]:
     dp_g = ctx.plan.layout.infer_data_parallel_size
     todo = [rows for rows, done in zip(pool.groups, pool.finished) if not done]
     candidates = np.concatenate(todo)
-    batch = ctx.flow.get(list(ROW_COLUMNS), -(-len(todo) // dp_g) * n, "gen",
+    batch = ctx.flow.get(list(_names(ctx)), -(-len(todo) // dp_g) * n, "gen",
                          whole_groups=True, candidates=candidates.tolist())
-    rows = _continue(ctx, batch, pool) if batch is not None else {}
-    generated = [float(sum(len(r) for r in rows.get("new", []))),
-                 float(sum(len(p) for p in rows.get("prefill", [])))]
-    columns, tags = {}, {}
-    if me.is_gen_writer and rows:
-        columns = {name: rows[name] for name in ROW_COLUMNS}
-        tags = {FINISHED: [int(int(f) != PARTIAL) for f in rows["finish_reason"]],
-                BIRTH: [int(b) for b in rows["birth_iteration"]],
-                GROUP: [int(g) for g in rows["group_id"]],
-                LENGTH: [len(r) for r in rows["response_ids"]]}
-    ctx.flow.put_rows(columns, group_size=n, held=True, tags=tags)
+    rows, new, prefill = _continue(ctx, batch, pool) if batch is not None else ([], [], [])
+    _put(ctx, rows)
     ctx.flow.retire(candidates.tolist())
+    generated = [float(sum(new)), float(sum(len(p) for p in prefill))]
     if not me.is_gen_writer:  # TP peers generated the same tokens
         generated = [0.0, 0.0]
     tokens, prompt_tokens = global_sums(generated)
@@ -172,53 +164,63 @@ def _seed(ctx: PhaseContext, group_id: int, sample: int, segment: int) -> int:
     return (base * 1_000_003 + group_id * 10_007 + sample * 101 + segment * 1_000_033) % 2**31
 
 
-def _continue(ctx: PhaseContext, batch, pool: Pool) -> dict[str, list]:
+def _continue(ctx: PhaseContext, batch, pool: Pool) -> tuple[list[Row], list[int], list]:
     """This generation-DP rank's rows after one more segment (finished rows unchanged), in
-    the batch's row order, plus ``new`` (the tokens generated) and ``prefill``.
+    the batch's row order; the tokens each continued row added, and what was prefilled.
 
-    A segment is at most ceil(max_tokens / N) tokens; with ``async_engine`` it runs to
-    max_tokens and ends, on every rank together, once enough groups are finished."""
+    A segment is at most ceil(limit / N) new model tokens (limit: max_tokens, or with
+    multi-turn max_total_response_length); with ``async_engine`` a single-turn segment runs
+    to max_tokens and ends, on every rank together, once enough groups are finished. With
+    multi-turn the agent loop continues each trajectory, tool turns included, until it has
+    generated its segment's tokens (paused inside a model turn, or after a tool turn) or is
+    done."""
     sampling, split = ctx.config.sampling_config, ctx.rl.partial_rollout_max_split
-    step = sampling.max_tokens if ctx.rl.async_engine else math.ceil(sampling.max_tokens / split)
+    step = math.ceil(response_limit(ctx.config) / split)
+    if ctx.rl.async_engine and not ctx.rl.multi_turn_enable:
+        step = sampling.max_tokens
     if not len(batch) and not ctx.rl.async_engine:
-        return {}
-    out = {name: list(batch[name]) for name in ROW_COLUMNS}
-    todo = [i for i, f in enumerate(batch["finish_reason"]) if int(f) == PARTIAL]
-    prompts, budgets, least, seeds = [], [], [], []
-    for i in todo:
-        done = len(batch["response_ids"][i])
-        prompts.append(torch.cat([batch["prompt_ids"][i], batch["response_ids"][i]]).tolist())
-        budgets.append(min(step, sampling.max_tokens - done))
-        least.append(max(0, min(sampling.min_tokens - done, budgets[-1])))
-        seeds.append(_seed(ctx, int(batch["group_id"][i]), int(batch["sample_idx"][i]),
-                           int(batch["num_segments"][i])))
-    if ctx.rl.async_engine:
-        result = ctx.roles.rollout.generate_stepwise(
-            prompts, sampling, stop=_enough_groups(ctx, batch, todo, pool), seeds=seeds,
-            max_tokens=budgets, min_tokens=least)
+        return [], [], []
+    rows = rows_of(batch) if len(batch) else []
+    todo = [k for k, r in enumerate(rows) if not r.finished]
+    before = [len(rows[k].t.tokens) for k in todo]
+    prefill = [rows[k].t.prompt + rows[k].t.tokens for k in todo]
+    seeds = [_seed(ctx, rows[k].group_id, rows[k].sample_idx, rows[k].num_segments)
+             for k in todo]
+    if ctx.rl.multi_turn_enable:
+        _tool_turns(ctx, [rows[k] for k in todo], step, seeds)
     else:
-        result = ctx.roles.rollout.generate(prompts, 1, sampling, seeds=seeds,
-                                            max_tokens=budgets, min_tokens=least,
-                                            use_tqdm=ctx.ranks.rank == 0) if todo else None
+        _single_turn(ctx, batch, pool, [rows[k] for k in todo], todo, step, seeds)
     version = ctx.roles.actor.weight_version
-    new = []
-    for k, i in enumerate(todo):
-        c = result.completions[k][0]
-        new.append(c.token_ids)
-        ids = torch.cat([out["response_ids"][i], torch.tensor(c.token_ids, dtype=torch.int64)])
-        out["response_ids"][i] = ids
-        out["logprobs_rollout"][i] = torch.cat(
-            [out["logprobs_rollout"][i], torch.tensor(c.logprobs, dtype=torch.float32)])
-        out["token_versions"][i] = torch.cat(
-            [out["token_versions"][i], torch.full((len(c.token_ids),), version)])
-        if int(out["num_segments"][i]) == 0:  # its first token: the row's age starts
-            out["birth_iteration"][i] = torch.tensor(ctx.it.iteration)
-            out["weight_version"][i] = torch.tensor(version)
-        out["num_segments"][i] = out["num_segments"][i] + 1
-        out["finish_reason"][i] = torch.tensor(_finish(c.finish_reason, len(ids),
-                                                       sampling.max_tokens))
-    out["new"], out["prefill"] = new, prompts
-    return out
+    for k, done in zip(todo, before):
+        r = rows[k]
+        r.versions += [version] * (len(r.t.tokens) - done)
+        if r.num_segments == 0:  # its first token: the row's age starts
+            r.birth_iteration, r.weight_version = ctx.it.iteration, version
+        r.num_segments += 1
+    return rows, [len(rows[k].t.tokens) - b for k, b in zip(todo, before)], prefill
+
+
+def _single_turn(ctx: PhaseContext, batch, pool: Pool, rows: list[Row], todo: list[int],
+                 step: int, seeds: list[int]) -> None:
+    sampling = ctx.config.sampling_config
+    budgets = [min(step, sampling.max_tokens - len(r.t.tokens)) for r in rows]
+    least = [max(0, min(sampling.min_tokens - len(r.t.tokens), b))
+             for r, b in zip(rows, budgets)]
+    stop = _enough_groups(ctx, batch, todo, pool) if ctx.rl.async_engine else None
+    if rows or stop is not None:
+        SingleTurn(ctx.roles.rollout, sampling, show_progress=ctx.ranks.rank == 0).resume(
+            rows, budgets, least, seeds, stop=stop)
+
+
+def _tool_turns(ctx: PhaseContext, rows: list[Row], step: int, seeds: list[int]) -> None:
+    """The agent loop over the rows for one segment of ``step`` model tokens each."""
+    agent = agent_of(ctx.roles, ctx.config, ctx.tokenizer, ctx.ranks.world)
+    for r, seed in zip(rows, seeds):
+        r.t.seed, r.t.pass_left, r.t.paused = seed, step, False
+    advance(agent, ctx.roles.rollout, ctx.tokenizer, [r.t for r in rows],
+            ctx.config.sampling_config)
+    for r in rows:
+        r.finish = FINISH_REASONS.index(r.t.finish_reason) if r.t.done else PARTIAL
 
 
 def _enough_groups(ctx: PhaseContext, batch, todo: list[int], pool: Pool):
@@ -247,20 +249,13 @@ def _enough_groups(ctx: PhaseContext, batch, todo: list[int], pool: Pool):
     return stop
 
 
-def _finish(reason: str | None, length: int, max_tokens: int) -> int:
-    """A segment that ended at its budget is partial unless the response is at max_tokens."""
-    if reason in ("length", "abort") and length < max_tokens:
-        return PARTIAL
-    return FINISH_REASONS.index(reason or "stop")
-
-
 def _release(ctx: PhaseContext, pool: Pool, target: int, generated: dict) -> dict[str, float]:
     """Release the oldest ``target`` finished groups; drop held groups that would be too old
     to train next iteration; the round's metrics."""
     split, iteration = ctx.rl.partial_rollout_max_split, ctx.it.iteration
     ready = [k for k in range(len(pool.groups)) if pool.finished[k]][:target]
     released = np.concatenate([pool.groups[k] for k in ready]) if ready else np.zeros(0, int)
-    ctx.flow.dock.release(released.tolist())
+    ctx.flow.release(released.tolist())
     ctx.flow.note(f"partial_rollout/released_round{ctx.it.generation_round}",
                   sorted(released.tolist()))
     chosen = set(ready)
@@ -272,7 +267,12 @@ def _release(ctx: PhaseContext, pool: Pool, target: int, generated: dict) -> dic
     carried = [k for k in rest if ages[k] < split - 1]
     carried_rows = sum(len(pool.groups[k]) for k in carried)
     lengths = [float(x) for k in ready for x in pool.lengths[k]]
-    return {
+    tokens = {}
+    if ctx.rl.multi_turn_enable:  # the released rows' own tokens and the rest (tools, glue)
+        model = float(ctx.flow.tags(MODEL_TOKENS, released.tolist()).sum()) if ready else 0.0
+        tokens = {"multi_turn/model_tokens": model,
+                  "multi_turn/tool_tokens": float(sum(lengths)) - model}
+    return {**tokens,
         "response_length/mean": float(np.mean(lengths)) if lengths else 0.0,
         "response_length/min": min(lengths, default=0.0),
         "response_length/max": max(lengths, default=0.0),

@@ -30,6 +30,7 @@ from mindspeed_rl.trainer.context import PhaseContext
 from mindspeed_rl.trainer.multi_turn import multi_turn_rollout
 from mindspeed_rl.trainer.partial_rollout import partial_rollout
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
+from mindspeed_rl.trainer.rollout_rows import SingleTurn, columns_of, fresh_rows, row_columns
 from mindspeed_rl.engine.critic import forward_scores, forward_values
 from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
@@ -72,28 +73,14 @@ def rollout(ctx: PhaseContext) -> dict[str, float]:
         return multi_turn_rollout(ctx)
     b, n, me = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.ranks
     mine, first_group, seeds = ctx.take_round_prompts()
-    prompts = [ctx.train_data[i].prompt_ids for i in mine]
-    result = ctx.roles.rollout.generate(prompts, n, ctx.config.sampling_config, seeds=seeds,
-                                        use_tqdm=me.rank == 0)
-    completions = [c for group in result.completions for c in group]
-    columns = {}
-    if me.is_gen_writer:
-        scalar = lambda values: [torch.tensor(v, dtype=torch.int64) for v in values]  # noqa: E731
-        columns = {
-            "prompt_ids": [torch.tensor(p) for p in prompts for _ in range(n)],
-            "response_ids": [torch.tensor(c.token_ids, dtype=torch.long) for c in completions],
-            "logprobs_rollout": [torch.tensor(c.logprobs, dtype=torch.float32)
-                                 for c in completions],
-            "prompt_index": scalar(i for i in mine for _ in range(n)),
-            "finish_reason": scalar(FINISH_REASONS.index(c.finish_reason or "stop")
-                                    for c in completions),
-            "weight_version": scalar(ctx.roles.actor.weight_version for _ in completions),
-            "group_id": scalar(first_group + g for g in range(len(mine)) for _ in range(n)),
-            "sample_idx": scalar(j for _ in mine for j in range(n)),
-        }
-    ctx.flow.put_rows(columns, group_size=n)
-    lengths = [float(len(c.token_ids)) for c in completions]
-    prompt_tokens = sum(len(p) for p in prompts) * n if me.is_gen_writer else 0
+    rows = fresh_rows([ctx.train_data[i].prompt_ids for i in mine], mine, first_group, n,
+                      ctx.roles.actor.weight_version, seeds)
+    SingleTurn(ctx.roles.rollout, ctx.config.sampling_config,
+               show_progress=me.rank == 0).fresh(rows, n, seeds)
+    names = row_columns(partial=False, multi_turn=False)
+    ctx.flow.put_rows(columns_of(rows, names) if me.is_gen_writer else {}, group_size=n)
+    lengths = [float(len(r.t.tokens)) for r in rows]
+    prompt_tokens = sum(len(r.t.prompt) for r in rows) if me.is_gen_writer else 0
     response_tokens, prompt_tokens = global_sums([sum(lengths) if me.is_gen_writer else 0.0,
                                                   float(prompt_tokens)])
     return {**global_stats("response_length", lengths, me.is_gen_writer),
@@ -196,13 +183,12 @@ def dynamic_sampling(ctx: PhaseContext) -> dict[str, float]:
     """
     rl, gbs = ctx.rl, ctx.batch.prompts_per_iteration
     # [(group_id, [row ids])] in generation order, the same on every rank, across rounds
-    seen = ctx.it.memo.setdefault(names.DYNAMIC_SAMPLING,
-                                  {"kept": [], "dropped": [], "generated": 0})
+    seen = ctx.it.groups
     new = _classify_new_groups(ctx)
-    seen["generated"] += len(new)
-    seen["kept"] += [(g, rows) for g, rows, informative in new if informative]
-    seen["dropped"] += [(g, rows) for g, rows, informative in new if not informative]
-    kept, dropped, rounds = seen["kept"], seen["dropped"], ctx.it.generation_round + 1
+    seen.generated += len(new)
+    seen.kept += [(g, rows) for g, rows, informative in new if informative]
+    seen.dropped += [(g, rows) for g, rows, informative in new if not informative]
+    kept, dropped, rounds = seen.kept, seen.dropped, ctx.it.generation_round + 1
     if len(kept) < gbs:
         if not (rl.max_num_gen_batches and rounds >= rl.max_num_gen_batches):
             ctx.it.batch_ready = False  # another round on fresh prompts
@@ -213,7 +199,7 @@ def dynamic_sampling(ctx: PhaseContext) -> dict[str, float]:
     ctx.flow.note("dynamic_sampling/kept", sorted(r for _, rows in kept for r in rows))
     return {"dynamic_sampling/num_gen_batches": float(rounds),
             "dynamic_sampling/kept_group_fraction":
-                min(len(kept), gbs) / max(seen["generated"], 1)}
+                min(len(kept), gbs) / max(seen.generated, 1)}
 
 
 def _fill_shortfall(ctx: PhaseContext, kept: list, dropped: list, rounds: int

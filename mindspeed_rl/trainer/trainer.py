@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 
 from mindspeed_rl.algorithms import KLController
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
@@ -32,50 +33,58 @@ from mindspeed_rl.trainer.reductions import global_sums
 from mindspeed_rl.trainer.recipes import phases_of, split_rounds
 
 
-class RLTrainer:
-    """Builds this rank's roles for ``config`` (its ``algorithm``) and runs iterations."""
+class RLTrainer(Stateful):
+    """Builds this rank's roles for ``config`` (its ``algorithm``) and runs iterations.
+
+    ``Stateful`` (torch.distributed.checkpoint's protocol): :meth:`state_dict` and
+    :meth:`load_state_dict` hold the replicated state that a checkpoint saves next to the
+    models, optimizers and the dock's rows."""
 
     def __init__(self, config, plan, platform) -> None:
-        from mindspeed_rl.checkpoint import weight_source
-        from mindspeed_rl.parallel.groups import initialize_megatron_parallel
-        from mindspeed_rl.trainer.roles import build_roles
-
         self.config, self.plan, self.platform = config, plan, platform
-        mt, rl, ac = config.megatron_training, config.rl_config, config.actor_config
+        rl, mt = config.rl_config, config.megatron_training
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # Verifier workers start first (they import while the models load); close() ends them.
         self.reward_pool = reward_pool_for(rl)
         self.model_dir, self.tokenizer, self.arch = _model(config)
         self.train_data, self.test_data = _datasets(config, self.tokenizer)
-        initialize_megatron_parallel(plan.layout, seed=mt.seed)
-        from mindspeed_rl.checkpoint.safe_load import trust_checkpoints
-
-        trust_checkpoints(ac.trust_checkpoint)  # before any checkpoint is read
-        # Which weights (one stated rule, mindspeed_rl/checkpoint/weight_source.py); None: resume.
-        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune,
-                                          save=ac.save)
-        resume = start is None
-        self.roles = build_roles(config, plan, platform, self.arch, self.model_dir, start=start)
-        self.initial_weights = self._announce_weights(start)
+        start = self._build_roles()  # None: resume from actor_config.load
         self.phases = phases_of(config, plan)
         self.round_phases, self.once_phases = split_rounds(self.phases)
-        tpg = plan.layout.infer_tensor_parallel_size
-        self.ranks = Ranks(rank=self.rank, world=self.world, gen_dp_rank=self.rank // tpg,
-                           is_gen_writer=self.rank % tpg == 0)
+        self.ranks = _ranks(self.rank, self.world, plan.layout)
         self.flow = _sample_flow(rl, self.phases, plan.layout)
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))
         self._saved_at = None  # the last iteration checkpointed
-        if resume:
-            self.load_checkpoint(ac.load)
+        if start is None:
+            self.load_checkpoint(config.actor_config.load)
         self.timers = Timers(synchronize=platform.synchronize)
         self.efficiency = _efficiency(config, platform, self.roles.actor.model)
         self.logger = MetricsLogger(
             mt.log_dir, rank=self.rank, total_iterations=mt.train_iters,
             use_tensorboard=rl.use_tensorboard, use_wandb=rl.use_wandb,
-            wandb_project=rl.wandb_project, run_config=config.to_dict(), resume=resume)
-        if resume:
+            wandb_project=rl.wandb_project, run_config=config.to_dict(), resume=start is None)
+        if start is None:
             self.logger.truncate_after(self.state.iteration)
+
+    def _build_roles(self):
+        """Megatron's process groups, then every role of this rank with its weights; returns
+        where the actor's weights come from (None: resumed from ``actor_config.load``)."""
+        from mindspeed_rl.checkpoint import weight_source
+        from mindspeed_rl.checkpoint.safe_load import trust_checkpoints
+        from mindspeed_rl.parallel.groups import initialize_megatron_parallel
+        from mindspeed_rl.trainer.roles import build_roles
+
+        config, ac = self.config, self.config.actor_config
+        initialize_megatron_parallel(self.plan.layout, seed=config.megatron_training.seed)
+        trust_checkpoints(ac.trust_checkpoint)  # before any checkpoint is read
+        # Which weights (one stated rule, mindspeed_rl/checkpoint/weight_source.py); None: resume.
+        start = weight_source.actor_start(config.model.hf_dir, ac.load, ac.finetune,
+                                          save=ac.save)
+        self.roles = build_roles(config, self.plan, self.platform, self.arch, self.model_dir,
+                                 start=start)
+        self.initial_weights = self._announce_weights(start)
+        return start
 
     def _announce_weights(self, start) -> dict:
         """Say which weights the actor (and the reference) start from; returns the policy
@@ -357,12 +366,19 @@ def _tool_prompt(config):
     """``prompt_type: qwen_retool``: the tools of ``rl_config.tool_config_path`` described in
     the system message (hermes), or None."""
     from mindspeed_rl.data import ToolPrompt
-    from mindspeed_rl.tools.config import load_tool_config, tool_system_prompt
+    from mindspeed_rl.agent_tools.config import load_tool_config, tool_system_prompt
 
     path = config.rl_config.tool_config_path
     if config.megatron_training.prompt_type != "qwen_retool" or path is None:
         return None
     return ToolPrompt(tool_system_prompt(load_tool_config(path)))
+
+
+def _ranks(rank: int, world: int, layout) -> Ranks:
+    """This rank's place: its vLLM instance (generation-DP rank) and whether it writes that
+    instance's rows (the first of its TP_g ranks)."""
+    tpg = layout.infer_tensor_parallel_size
+    return Ranks(rank=rank, world=world, gen_dp_rank=rank // tpg, is_gen_writer=rank % tpg == 0)
 
 
 def _sample_flow(rl, phases, layout) -> SampleFlow:

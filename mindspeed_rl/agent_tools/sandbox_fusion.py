@@ -25,7 +25,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from mindspeed_rl.tools.result import ToolResult, timeout_text
+from mindspeed_rl.agent_tools.result import ToolResult, timeout_text
 
 MARGIN_S = 10.0  # the service's overhead on top of run_timeout (MindSpeed-RL's API_TIMEOUT)
 MAX_RESPONSE_BYTES = 4 << 20

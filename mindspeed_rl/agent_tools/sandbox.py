@@ -27,7 +27,7 @@ of Flatpak) with:
   library fall back to clone for threads.
 
 The limits of the call (time, memory, file size) are set by the interpreter's own start-up
-code before it reads the model's code (mindspeed_rl.tools.code_interpreter).
+code before it reads the model's code (mindspeed_rl.agent_tools.code_interpreter).
 
 Why these parts: bubblewrap and libseccomp are small, widely deployed and maintained
 (Flatpak, Docker, systemd use them); a hand-written "check" of the code would be another
@@ -210,7 +210,7 @@ class Sandbox:
     def build(cls, site_packages=()) -> "Sandbox":
         """The sandbox for a tool that may import ``site_packages``; raises
         :class:`SandboxUnavailable` when a part is missing (checked once more by running
-        it: :func:`sandbox_problem`)."""
+        it: :func:`mindspeed_rl.agent_tools.preflight.sandbox_problem`)."""
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed or not on PATH")
@@ -246,31 +246,6 @@ class Sandbox:
         ]
 
 
-_PROBED: dict[tuple, str | None] = {}
-
-
-def sandbox_problem(site_packages=(), memory_limit_mb: int = 1024,
-                    timeout_s: float = 60.0) -> str | None:
-    """Why the sandbox cannot run a call here (None: it can): it is built and one call runs
-    in it with the tool's memory limit, importing every allowed package. Cached per
-    process."""
-    key = (tuple(site_packages), memory_limit_mb)
-    if key not in _PROBED:
-        from mindspeed_rl.tools.code_interpreter import CodeInterpreter
-
-        try:
-            interpreter = CodeInterpreter(timeout_s, memory_limit_mb,
-                                          site_packages=site_packages)
-        except SandboxUnavailable as e:
-            _PROBED[key] = str(e)
-        else:
-            imports = "".join(f"import {name}\n" for name in site_packages)
-            result = interpreter.run(imports + "print('sandbox ok')")
-            _PROBED[key] = None if result.ok and result.text == "sandbox ok\n" else \
-                " ".join(result.text.split())[:500]
-    return _PROBED[key]
-
-
 _WARNED_UNSANDBOXED = False
 
 
@@ -286,22 +261,3 @@ def warn_unsandboxed(tool_name: str) -> None:
               "(unsafe_no_sandbox: true): the code can read and write whatever the trainer's "
               "user can, reach the network and outlive its call (docs/tools.md)",
               file=sys.stderr, flush=True)
-
-
-def local_interpreter_problem(spec, where: str) -> str | None:
-    """Why the local interpreter of ``spec`` (a tool of the YAML at ``where``) cannot run
-    here, and the three ways on; None when it can (after the unsandboxed warning for a
-    tool that opted out of the sandbox)."""
-    if spec.unsafe_no_sandbox:
-        warn_unsandboxed(spec.name)
-        return None
-    problem = sandbox_problem(spec.site_packages, spec.memory_limit_mb)
-    if problem is None:
-        return None
-    return (f"tool {spec.name!r} ({spec.class_name}) of {where} runs the model's code in a "
-            f"bubblewrap sandbox, which cannot run here: {problem}. Either install bubblewrap "
-            "(apt-get install bubblewrap; the kernel must allow unprivileged user namespaces: "
-            "docs/tools.md), or point the tool at a SandboxFusion service (class_name "
-            "mindspeed_rl.tools.retool.ReTool with sandbox_fusion_url, as "
-            "configs/tools/retool_config.yaml), or run it without isolation by setting "
-            f"unsafe_no_sandbox: true in its config in {where}")

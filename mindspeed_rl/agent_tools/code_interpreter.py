@@ -2,7 +2,7 @@
 
 Model output is untrusted input, and a policy trained with RL finds whatever the reward pays
 for, so each call runs in its own interpreter inside a bubblewrap sandbox with a seccomp
-filter (mindspeed_rl.tools.sandbox: its own user, PID, network, IPC and mount namespaces, a
+filter (mindspeed_rl.agent_tools.sandbox: its own user, PID, network, IPC and mount namespaces, a
 read-only view of only the Python runtime and the allowed packages, a private size-limited
 /tmp, no /proc, no network, no new processes), killed (SIGKILL) with everything it started
 when the call ends, however it ends.
@@ -45,8 +45,8 @@ import tempfile
 import threading
 import time
 
-from mindspeed_rl.tools.result import ToolResult, timeout_text
-from mindspeed_rl.tools.sandbox import WORKDIR, Sandbox, warn_unsandboxed
+from mindspeed_rl.agent_tools.result import ToolResult, timeout_text
+from mindspeed_rl.agent_tools.sandbox import WORKDIR, Sandbox, warn_unsandboxed
 
 MAX_OUTPUT_BYTES = 1 << 20
 FILE_SIZE_LIMIT = 64 << 20
@@ -133,7 +133,7 @@ class CodeInterpreter:
     ``site_packages``: the top-level packages the code may import (e.g. ``("numpy",
     "sympy", "mpmath")``), bound read-only into the sandbox. ``sandboxed=False`` runs
     without the sandbox (then any ``site_packages`` makes every package of the trainer's
-    Python importable). Raises :class:`~mindspeed_rl.tools.sandbox.SandboxUnavailable`
+    Python importable). Raises :class:`~mindspeed_rl.agent_tools.sandbox.SandboxUnavailable`
     when the sandbox cannot be built here: there is no silent fallback.
     """
 

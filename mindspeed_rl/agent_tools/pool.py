@@ -5,7 +5,7 @@
 trajectory as soon as its own calls are back). Calls run concurrently: one thread per call
 in flight, each driving one child process (the local interpreter) or one HTTP request
 (SandboxFusion). The threads only wait; the isolation and the limits are the child's
-(mindspeed_rl.tools.code_interpreter) or the service's. Per tool at most
+(mindspeed_rl.agent_tools.code_interpreter) or the service's. Per tool at most
 ``min(num_workers, rate_limit)`` calls are in flight (the rest queue), each bounded by the
 tool's ``default_timeout``, so a batch that fits in flight ends within the timeout (plus
 process start-up) however many of its calls hang. A call the pool cannot run (unknown
@@ -22,12 +22,12 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
-from mindspeed_rl.tools.code_interpreter import CodeInterpreter
-from mindspeed_rl.tools.config import ToolSpec
-from mindspeed_rl.tools.parser import ToolCall
-from mindspeed_rl.tools.result import ToolResult
-from mindspeed_rl.tools.retool_code import prepare_code
-from mindspeed_rl.tools.sandbox_fusion import SandboxFusionClient
+from mindspeed_rl.agent_tools.code_interpreter import CodeInterpreter
+from mindspeed_rl.agent_tools.config import ToolSpec
+from mindspeed_rl.agent_tools.parser import ToolCall
+from mindspeed_rl.agent_tools.result import ToolResult
+from mindspeed_rl.agent_tools.retool_code import prepare_code
+from mindspeed_rl.agent_tools.sandbox_fusion import SandboxFusionClient
 
 _STATS = ("calls", "errors", "timeouts", "seconds")
 _CLOSED = "Error: the tool pool was closed before the call ran"

@@ -12,7 +12,7 @@ key. Nothing here imports torch or vLLM, and nothing contacts a sandbox.
 - ``mindspeed_rl.tools.retool.ReTool`` and
   ``mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool``: the SandboxFusion HTTP
   service at ``config.sandbox_fusion_url`` (``kind="sandbox_fusion"``), as in MindSpeed-RL;
-- ``mindspeed_rl.tools.code_interpreter.CodeInterpreter``: this project's local
+- ``mindspeed_rl.agent_tools.code_interpreter.CodeInterpreter``: this project's local
   interpreter in a bubblewrap sandbox with limits (``kind="code_interpreter"``), for
   machines without a SandboxFusion service; ``config.unsafe_no_sandbox: true`` runs it
   without the sandbox (an explicit opt-in: docs/tools.md).
@@ -30,7 +30,9 @@ import yaml
 
 RETOOL = "mindspeed_rl.tools.retool.ReTool"
 SANDBOX_FUSION_TOOL = "mindspeed_rl.tools.sandbox_fusion_tool.SandboxFusionTool"
-CODE_INTERPRETER = "mindspeed_rl.tools.code_interpreter.CodeInterpreter"
+CODE_INTERPRETER = "mindspeed_rl.agent_tools.code_interpreter.CodeInterpreter"
+# this project's own class name before its package was named agent_tools: still read
+_OLD_CODE_INTERPRETER = "mindspeed_rl.tools.code_interpreter.CodeInterpreter"
 
 # class_name -> (kind, the code format it implies unless config.code_format says otherwise)
 KNOWN_CLASSES = {
@@ -61,7 +63,7 @@ class ToolSpec:
     shown). ``num_workers`` and ``rate_limit`` both bound the calls of this tool in flight
     on one rank (the smaller wins; ``rate_limit`` only with ``enable_global_rate_limit``).
     ``code_format`` ``"retool"`` applies ReTool's conventions to the code before it runs
-    (mindspeed_rl.tools.retool_code); ``site_packages`` names the packages installed next
+    (mindspeed_rl.agent_tools.retool_code); ``site_packages`` names the packages installed next
     to the trainer's Python that the local interpreter's code may import (e.g. numpy,
     sympy, mpmath: bound read-only into its sandbox); ``unsafe_no_sandbox`` runs the local
     interpreter without its sandbox (then ``site_packages`` non-empty means all of them).
@@ -127,6 +129,8 @@ def _tool(where: str, key: str, entry) -> ToolSpec:
         raise ToolConfigError(f"{where}: {key}.{extra[0]}: unknown key; a tool has "
                               f"{sorted(_ENTRY_KEYS)}")
     class_name = entry.get("class_name")
+    if class_name == _OLD_CODE_INTERPRETER:
+        class_name = CODE_INTERPRETER
     if class_name not in KNOWN_CLASSES:
         raise ToolConfigError(
             f"{where}: {key}.class_name: {class_name!r} is not a tool this project runs; "

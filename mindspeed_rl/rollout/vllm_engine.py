@@ -45,10 +45,6 @@ class RolloutResult:
 
     completions: list[list[Completion]] = field(default_factory=list)
 
-    @property
-    def num_response_tokens(self) -> int:
-        return sum(len(c.token_ids) for group in self.completions for c in group)
-
 
 def _completion(output) -> Completion:
     """A vLLM CompletionOutput as token ids and the sampled tokens' log-probs (logprobs=0

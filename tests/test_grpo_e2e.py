@@ -53,9 +53,16 @@ LAYOUTS = {
     "pp2_to_tpg2": ["actor_config.tensor_model_parallel_size=1",
                     "actor_config.pipeline_model_parallel_size=2",
                     "generate_config.infer_tensor_parallel_size=2", "rl_config.mini_batch_size=4"],
+    # context parallelism (ring, zig-zag chunks) on both ranks: rollout, every forward, the
+    # update, and a checkpoint whose RNG shards are cut by CP rank too
+    "cp2_to_tpg1": ["actor_config.tensor_model_parallel_size=1",
+                    "actor_config.context_parallel_size=2",
+                    "actor_config.context_parallel_algo=megatron_cp_algo",
+                    "generate_config.infer_tensor_parallel_size=1"],
 }
-# The run the resume test stops and resumes (it saves every iteration).
-RESUMED_LAYOUT = "tp2_to_tpg1"
+# The run the resume test stops and resumes (it saves every iteration). TP 2 resumes are
+# tested by the multi-turn and LoRA modules (grpo_tiny_test.yaml's default layout).
+RESUMED_LAYOUT = "cp2_to_tpg1"
 # The run that is also a job script's first launch (load = save, an empty folder).
 JOB_SCRIPT_LAYOUT = "pp2_to_tpg2"
 

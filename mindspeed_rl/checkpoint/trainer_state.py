@@ -54,18 +54,23 @@ def _rank() -> int:
 
 
 def _rng_sharded_object(load: bool = False):
-    """This rank's RNG states as a ShardedObject indexed by (PP, TP) rank, DP replicas."""
+    """This rank's RNG states as a ShardedObject indexed by (PP, TP) rank, and by CP rank
+    when context parallelism is on (the CP peers of a (PP, TP) rank are not replicas: one
+    key for both made the save's coordinator see duplicate shards and the ranks disagree
+    on the save's collectives); DP replicas."""
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
     state = None if load else {"torch": torch.get_rng_state(),
                                "tracker": get_cuda_rng_tracker().get_states()}
-    return ShardedObject(
-        "rng_state", state,
-        (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
-        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-        replica_id=ps.get_data_parallel_rank())
+    shape = [ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()]
+    offset = [ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()]
+    if ps.get_context_parallel_world_size() > 1:
+        shape.append(ps.get_context_parallel_world_size())
+        offset.append(ps.get_context_parallel_rank())
+    return ShardedObject("rng_state", state, tuple(shape), tuple(offset),
+                         replica_id=ps.get_data_parallel_rank())
 
 
 def _per_rank_object(state: object | None, load: bool = False):
@@ -342,7 +347,8 @@ def _parallel_layout() -> dict:
 
     return {"actor_config.tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
             "actor_config.pipeline_model_parallel_size":
-                ps.get_pipeline_model_parallel_world_size()}
+                ps.get_pipeline_model_parallel_world_size(),
+            "actor_config.context_parallel_size": ps.get_context_parallel_world_size()}
 
 
 def saved_parallel_layout(path: Path, common: dict) -> dict | None:
@@ -357,14 +363,15 @@ def saved_parallel_layout(path: Path, common: dict) -> dict | None:
             metadata = load_sharded_metadata(str(path))
     except Exception:  # noqa: BLE001 - unreadable metadata: the load itself names the problem
         return None
-    # One ShardedObject per (PP, TP) rank, keyed rng_state/shard_<offset>_<shape>.
+    # One ShardedObject per (PP, TP[, CP]) rank, keyed rng_state/shard_<offset>_<shape>.
     shapes = {getattr(v, "global_shape", None) for k, v in metadata.items()
               if k.split("/")[0] == "rng_state"}
     shape = shapes.pop() if len(shapes) == 1 else None
-    if shape is None or len(shape) != 2:
+    if shape is None or len(shape) not in (2, 3):
         return None
     return {"actor_config.tensor_model_parallel_size": int(shape[1]),
-            "actor_config.pipeline_model_parallel_size": int(shape[0])}
+            "actor_config.pipeline_model_parallel_size": int(shape[0]),
+            "actor_config.context_parallel_size": int(shape[2]) if len(shape) == 3 else 1}
 
 
 def _check_parallel_layout(path: Path, saved: dict | None) -> None:

@@ -24,6 +24,8 @@ DISTILL = ["rl_config.adv_estimator=on_policy_distill", "rl_config.init_kl_coef=
 STUDENT_PP2 = ["actor_config.tensor_model_parallel_size=1",
                "actor_config.pipeline_model_parallel_size=2",
                "generate_config.infer_tensor_parallel_size=2"]
+TEACHER_TP2 = ["teacher_config.tensor_model_parallel_size=2",
+               "teacher_config.pipeline_model_parallel_size=1"]
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +52,12 @@ def _dry_run(assets, *overrides: str) -> int:
     (["teacher_config.load=/nonexistent/teacher"], "teacher_config.load", "does not exist"),
     (["teacher:other_tokenizer"], "teacher_config.load", "maps tokens to other ids than the "
                                                          "student's"),
-    (["teacher:here", "teacher_config.tensor_model_parallel_size=2"],
-     "teacher_config.tensor_model_parallel_size", "differs from actor_config."
-                                                  "tensor_model_parallel_size=1"),
+    (["teacher:here", "teacher_config.tensor_model_parallel_size=3"],
+     "teacher_config.tensor_model_parallel_size", "do not shard over TP=3"),
+    (["teacher:here", "teacher_config.pipeline_model_parallel_size=4"],
+     "teacher_config.pipeline_model_parallel_size", "layers"),
+    (["teacher:here", "teacher_config.tensor_model_parallel_size=4"],
+     "teacher_config.tensor_model_parallel_size", "does not divide the world of 2 ranks"),
     (["teacher:here", "rl_config.filter_groups_enable=true"], "rl_config.filter_groups_enable",
      "task_reward_coef=0"),
     (["teacher:here", "rl_config.adv_estimator=rloo"], "teacher_config",
@@ -77,10 +82,11 @@ def test_the_dry_run_refuses_a_teacher_it_cannot_run_naming_the_key(assets, caps
 
 
 def test_the_dry_run_shows_the_teacher(assets, capsys):
-    assert _dry_run(assets, f"teacher_config.load={assets['teacher']}") == 0
+    assert _dry_run(assets, f"teacher_config.load={assets['teacher']}", *TEACHER_TP2) == 0
     out = capsys.readouterr().out
-    assert f"teacher    teacher_config.load={assets['teacher']} (qwen2, 2 layers" in out
-    assert "distillation teacher (fp32, TP=1 PP=2; on host when idle)" in out
+    assert (f"teacher    teacher_config.load={assets['teacher']} (qwen2, 2 layers, hidden 128; "
+            "TP=2 PP=1, its own layout, DP=1; on host when idle)") in out
+    assert "distillation teacher (fp32, TP=2 PP=1; on host when idle)" in out
     assert "teacher phase (actor training state + teacher)" in out
     assert "advantages: on_policy_distill (pretrain_grpo.py)" in out
 
@@ -89,7 +95,7 @@ def test_the_dry_run_shows_the_teacher(assets, capsys):
 def test_the_student_moves_toward_the_teacher_over_every_phase(assets):
     proc, rows = run_job(
         assets, "run", f"megatron_training.train_iters={ITERATIONS}", *STUDENT_PP2, *DISTILL,
-        f"teacher_config.load={assets['teacher']}", "actor_config.lr=2e-3", "megatron_training.global_batch_size=8",
+        f"teacher_config.load={assets['teacher']}", *TEACHER_TP2, "actor_config.lr=2e-3", "megatron_training.global_batch_size=8",
         "rl_config.mini_batch_size=4", "rl_config.entropy_coeff=0",
         launcher="pretrain_grpo.py", config=CONFIG, nproc=2)
     train = training_rows(rows)

@@ -463,7 +463,7 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 weights=tuple(_weight_lines(m.hf_dir, a.load, config.ref_config.load,
                                             a.finetune, rl.init_kl_coef > 0,
                                             shared=rl.share_backbone)
-                       + _teacher_lines(config)),
+                       + _teacher_lines(config, world_size)),
                 notices=config.notices, warnings=config.warnings,
                 micro_batch_phases=tuple(packing_budgets(config)),
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
@@ -558,8 +558,7 @@ def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
     if config.teacher_config is not None:
         from mindspeed_rl.config.teacher import teacher_parameters
 
-        memory["teacher"] = teacher_parameters(config, train_params,
-                                               m.parameter_counts()["total"]) * train_bytes
+        memory["teacher"] = teacher_parameters(config) * train_bytes
     return memory, optim_label
 
 
@@ -659,7 +658,7 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
         "critic_phase": "critic phases (actor training state + critic)",
         "teacher_phase": "teacher phase (actor training state + teacher)",
         "reward_model": f"reward model ({train_dtype}; on host when idle)",
-        "teacher": f"distillation teacher ({train_dtype}, TP={tp} PP={pp}; on host when idle)",
+        "teacher": _teacher_label(config, train_dtype),
         "kv_cache": (f"vLLM KV cache ({g.max_num_seqs} seqs x {g.max_model_len} tokens, "
                      f"{_kv_heads_per_generation_rank(config, layout)} KV head(s)/rank)"),
         "training_phase": "training phase (actor params + grads + optimizer)",
@@ -672,12 +671,22 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
     }
 
 
-def _teacher_lines(config: RLJobConfig) -> list[str]:
+def _teacher_lines(config: RLJobConfig, world_size: int) -> list[str]:
     if config.teacher_config is None:
         return []
-    from mindspeed_rl.config.teacher import teacher_weight_line
+    from mindspeed_rl.config.teacher import check_teacher_world, teacher_weight_line
 
-    return [teacher_weight_line(config)]
+    check_teacher_world(config, world_size)
+    return [teacher_weight_line(config, world_size)]
+
+
+def _teacher_label(config: RLJobConfig, train_dtype: str) -> str:
+    if config.teacher_config is None:
+        return ""
+    from mindspeed_rl.config.teacher import teacher_sizes
+
+    tp, pp = teacher_sizes(config)
+    return f"distillation teacher ({train_dtype}, TP={tp} PP={pp}; on host when idle)"
 
 
 def _reference_label(config: RLJobConfig, train_dtype: str) -> str:

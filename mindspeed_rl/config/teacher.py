@@ -38,13 +38,10 @@ def check_teacher(config) -> None:
                           value=teacher.load)
     actor = config.actor_config
     for size in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
-        value, own = getattr(teacher, size), getattr(actor, size)
-        if value is not None and value != own:
-            raise ConfigError(f"teacher_config.{size}", f"differs from actor_config.{size}="
-                              f"{own}: the teacher runs in the actor's training layout on the "
-                              "same ranks (co-located, offloaded between uses; a layout of "
-                              "its own is not supported yet)",
-                              f"set it to {own} or leave it out", value=value)
+        value = getattr(teacher, size)
+        if value is not None and value < 1:
+            raise ConfigError(f"teacher_config.{size}", "must be at least 1",
+                              "use a positive size, or leave it out (the actor's)", value=value)
     if rl.filter_groups_enable and not teacher.task_reward_coef:
         raise ConfigError("rl_config.filter_groups_enable", "dynamic sampling drops the groups "
                           "whose rewards are all equal, but with teacher_config."
@@ -58,21 +55,36 @@ def check_teacher(config) -> None:
                           "set share_backbone: false", value=True)
     arch = teacher_architecture(config)
     if arch is not None:
-        tp, pp = actor.tensor_model_parallel_size, actor.pipeline_model_parallel_size
+        tp, pp = teacher_sizes(config)
         heads, groups = arch["num_attention_heads"], arch.get("num_key_value_heads") or \
             arch["num_attention_heads"]
         if heads % tp or (groups % tp and tp % groups):
-            raise ConfigError("teacher_config.load", f"the teacher's {heads} attention heads "
-                              f"({groups} KV heads) do not shard over actor_config."
-                              f"tensor_model_parallel_size={tp}",
-                              "use a teacher whose heads divide by the actor's TP",
-                              value=teacher.load)
+            raise ConfigError("teacher_config.tensor_model_parallel_size", f"the teacher's "
+                              f"{heads} attention heads ({groups} KV heads, {teacher.load}) do "
+                              f"not shard over TP={tp}", "use a TP that divides the teacher's "
+                              "heads", value=tp)
         if arch["num_hidden_layers"] < pp:
-            raise ConfigError("teacher_config.load", f"the teacher's {arch['num_hidden_layers']}"
-                              f" layers are fewer than actor_config.pipeline_model_parallel_size"
-                              f"={pp} stages", "use a deeper teacher, or a smaller PP",
-                              value=teacher.load)
+            raise ConfigError("teacher_config.pipeline_model_parallel_size", f"the teacher's "
+                              f"{arch['num_hidden_layers']} layers ({teacher.load}) are fewer "
+                              f"than PP={pp} stages", "use a smaller PP", value=pp)
     check_teacher_tokenizer(config)
+
+
+def teacher_sizes(config) -> tuple[int, int]:
+    """The teacher's (TP, PP): its own keys, else the actor's."""
+    t, a = config.teacher_config, config.actor_config
+    return (t.tensor_model_parallel_size or a.tensor_model_parallel_size,
+            t.pipeline_model_parallel_size or a.pipeline_model_parallel_size)
+
+
+def check_teacher_world(config, world_size: int) -> None:
+    """The teacher's TP x PP must tile the world (its DP is the rest)."""
+    tp, pp = teacher_sizes(config)
+    if world_size % (tp * pp):
+        raise ConfigError("teacher_config.tensor_model_parallel_size",
+                          f"TP={tp} x PP={pp} of the teacher does not divide the world of "
+                          f"{world_size} ranks", "choose teacher_config TP and PP whose "
+                          "product divides the world size", value=tp)
 
 
 def teacher_architecture(config) -> dict | None:
@@ -110,24 +122,27 @@ def check_teacher_tokenizer(config) -> None:
                           "same token ids)", value=str(teacher_dir))
 
 
-def teacher_parameters(config, per_rank_student: int, student_total: int) -> int:
-    """The teacher's parameters per rank in the actor's layout: the student's per-rank
-    count scaled by the ratio of the two models' sizes (exact for the same architecture)."""
-    arch = teacher_architecture(config)
-    if arch is None:
-        return per_rank_student
+def teacher_parameters(config) -> int:
+    """The teacher's parameters on its heaviest rank, in its layout."""
     from mindspeed_rl.config.model_spec import read_model_spec
+    from mindspeed_rl.config.plan import params_per_rank
 
-    spec = read_model_spec(Path(config.teacher_config.load), True)
-    total = spec.parameter_counts()["total"]
-    return round(per_rank_student * total / max(student_total, 1))
+    spec = (read_model_spec(Path(config.teacher_config.load), True)
+            if teacher_architecture(config) is not None else config.model)
+    tp, pp = teacher_sizes(config)
+    dense, expert = params_per_rank(spec, tp=tp, pp=pp, ep=1, expert_tp=tp)
+    return dense + expert
 
 
-def teacher_weight_line(config) -> str:
+def teacher_weight_line(config, world_size: int) -> str:
     """The dry run's line naming the teacher's weights and layout."""
     t, a = config.teacher_config, config.actor_config
     arch = teacher_architecture(config)
+    tp, pp = teacher_sizes(config)
     what = (f"{arch.get('model_type', '?')}, {arch.get('num_hidden_layers')} layers, hidden "
             f"{arch.get('hidden_size')}" if arch else "the student's architecture")
-    return (f"teacher    teacher_config.load={t.load} ({what}; TP={a.tensor_model_parallel_size}"
-            f" PP={a.pipeline_model_parallel_size}, the actor's layout; on host when idle)")
+    where = ("the actor's layout" if (tp, pp) == (a.tensor_model_parallel_size,
+                                                   a.pipeline_model_parallel_size)
+             else f"its own layout, DP={world_size // (tp * pp)}")
+    return (f"teacher    teacher_config.load={t.load} ({what}; TP={tp} PP={pp}, {where}; on "
+            "host when idle)")

@@ -80,9 +80,7 @@ class Roles:
     reward_model: torch.nn.Module | None = None
     reward_model_swap: RoleSwap | None = None
     reference_source: object = None  # weight_source.WeightSource of the reference
-    teacher: torch.nn.Module | None = None  # on-policy distillation (teacher_role.py)
-    teacher_swap: RoleSwap | None = None
-    teacher_vocab_size: int = 0
+    teacher: object = None  # teacher_role.Teacher: on-policy distillation's
     agent: object = None  # multi_turn.Agent: the tool pool of multi-turn rollouts (lazily)
 
     @property
@@ -154,8 +152,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     if config.teacher_config is not None:
         from mindspeed_rl.trainer.teacher_role import build_teacher
 
-        roles.teacher, roles.teacher_swap, roles.teacher_vocab_size = build_teacher(
-            config.teacher_config, env, arch)
+        roles.teacher = build_teacher(config, env, arch)
     return roles
 
 

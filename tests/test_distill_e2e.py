@@ -115,3 +115,23 @@ def test_the_student_moves_toward_the_teacher_over_every_phase(assets):
     # and moves toward it (16 responses an iteration: compare pairs of iterations)
     assert sum(kl[-2:]) < 0.7 * sum(kl[:2]), kl
     assert f"iter {ITERATIONS}/{ITERATIONS}" in proc.stdout + proc.stderr
+
+
+def test_the_teacher_section_is_read_from_the_file_and_the_recipe_loads(assets, capsys):
+    import yaml
+
+    from mindspeed_rl.config import load_config
+
+    job = yaml.safe_load(CONFIG.read_text())
+    job["teacher_config"] = {"load": str(assets["teacher"]), "tensor_model_parallel_size": 2,
+                             "pipeline_model_parallel_size": 1}
+    path = assets["root"] / "job_with_teacher.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["--config", str(path), "--dry-run", "--world-size", "2",
+                 f"megatron_training.model={assets['model']}", *STUDENT_PP2, *DISTILL]) == 0
+    assert "TP=2 PP=1, its own layout, DP=1" in capsys.readouterr().out
+    recipe = load_config(ROOT / "configs" / "distill_smollm2_demo.yaml",
+                         [f"megatron_training.model={assets['model']}",
+                          f"teacher_config.load={assets['teacher']}"], check_data=False)
+    assert recipe.rl_config.adv_estimator == "on_policy_distill"
+    assert recipe.rl_config.init_kl_coef == 0 and recipe.teacher_config.task_reward_coef == 0

@@ -122,6 +122,9 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
             _place(out, problems, translated, section, str(key), value,
                    out.sections[section])
 
+    if isinstance(raw.get("teacher_config"), dict):  # this project's own section, as written
+        out.sections["teacher_config"] = dict(raw["teacher_config"])
+
     stage = translated.pop("stage", None)
     if stage is not None and stage[1] is not None:
         wanted = registry.algorithm_of_stage(stage[1])

@@ -231,7 +231,8 @@ class RLConfig:
     adv_estimator: str | None = setting(
         None, "advantage estimator, among those the launcher runs (docs/algorithms.md): "
               "pretrain_grpo.py: group_norm (GRPO: reward minus group mean, over group std), "
-              "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline; pretrain_ppo.py: gae "
+              "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, on_policy_distill "
+              "(per-token reverse KL to teacher_config's model); pretrain_ppo.py: gae "
               "(token-level GAE on the critic's values); verl's names are accepted where they "
               "mean the same (grpo = group_norm); null = the launcher's (group_norm, gae)")
     gamma: float = setting(1.0, "discount of GAE (PPO) and of reinforce_plus_plus's returns")

@@ -3,7 +3,8 @@ function and when it runs; an algorithm's recipe is its family's phase list with
 estimator's advantage phase (``mindspeed_rl/algorithms/registry.py``).
 
     GRPO: [reshard -> rollout -> reshard -> [reward model] -> reward -> [dynamic sampling]]
-          -> [adv] -> [old log-probs] -> [reference] -> [discounted returns] -> actor update
+          -> [adv] -> [old log-probs] -> [reference] -> [discounted returns]
+          -> [teacher -> distill adv] -> actor update
     PPO:  [reshard -> rollout -> reshard -> [reward model] -> reward] -> values
           -> [old log-probs] -> [reference] -> GAE -> critic update -> actor update
 

@@ -10,7 +10,8 @@ from mindspeed_rl.config import load_config, main
 from mindspeed_rl.trainer import recipes
 from test_config import REPO, error_of, job  # noqa: F401 (job: the fixture; tests/ on sys.path)
 
-GRPO_ESTIMATORS = ["group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+GRPO_ESTIMATORS = ["group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                   "on_policy_distill"]
 
 
 def test_the_registry_holds_each_family_and_its_estimators():
@@ -51,8 +52,9 @@ def test_adv_estimator_selects_within_the_launcher(job, written, resolved):
     ("rl_config.adv_estimator=rlooo", "grpo",
      "is not an advantage estimator: pretrain_grpo.py runs "
      "GRPO, whose estimator is group_norm (or rloo, reinforce_plus_plus, "
-     "reinforce_plus_plus_baseline); use one of ['group_norm', 'rloo', "
-     "'reinforce_plus_plus', 'reinforce_plus_plus_baseline'] (or leave it out)"),
+     "reinforce_plus_plus_baseline, on_policy_distill); use one of ['group_norm', 'rloo', "
+     "'reinforce_plus_plus', 'reinforce_plus_plus_baseline', 'on_policy_distill'] (or leave "
+     "it out)"),
     ("rl_config.adv_estimator=gae", "grpo",
      "gae needs a critic, which pretrain_grpo.py does not build"),
     ("rl_config.adv_estimator=rloo", "ppo", "launch pretrain_grpo.py for rloo, or use one of "

@@ -19,7 +19,7 @@ GRPO = Algorithm(
     name="grpo", launcher="pretrain_grpo.py", stages=("ray_grpo", "ray_dapo"),
     phases=(p.RESHARDING_TO_INFER, p.ROLLOUT, p.RESHARDING_TO_TRAIN, p.REWARD_MODEL, p.REWARD,
             p.DYNAMIC_SAMPLING, p.ADV, p.OLD_LOG_P, p.REFERENCE_MODEL, p.DISCOUNTED_RETURNS,
-            p.UPDATE),
+            p.TEACHER_MODEL, p.DISTILL_ADV, p.UPDATE),
     default_estimator="group_norm",
     features=frozenset({"dynamic_sampling", "partial_rollout", "multi_turn"}),
 )

@@ -8,7 +8,7 @@ and one ``register`` line below (docs/algorithms.md has a worked example).
 
 from __future__ import annotations
 
-from mindspeed_rl.algorithms import grpo, ppo, reinforce_plus_plus, rloo
+from mindspeed_rl.algorithms import distillation, grpo, ppo, reinforce_plus_plus, rloo
 from mindspeed_rl.algorithms.family import Algorithm, Estimator
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -93,3 +93,4 @@ register(ppo.GAE)
 register(rloo.RLOO)
 register(reinforce_plus_plus.REINFORCE_PLUS_PLUS)
 register(reinforce_plus_plus.REINFORCE_PLUS_PLUS_BASELINE)
+register(distillation.ON_POLICY_DISTILL)

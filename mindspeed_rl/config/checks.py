@@ -16,6 +16,7 @@ from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.algorithms.family import CRITIC
 from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.teacher import check_teacher
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig
@@ -42,6 +43,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_multi_turn(config)
     _check_verifiers(config)
     _check_reward_limits(config)
+    check_teacher(config)  # on-policy distillation (config/teacher.py)
 
 
 def _check_model(config: RLJobConfig) -> None:

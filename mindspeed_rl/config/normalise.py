@@ -136,6 +136,8 @@ def _sections(raw: dict, out: Normalised, problems: list, translated: dict) -> N
                 continue
             _place(out, problems, translated, section, str(key), value,
                    out.sections[section])
+    if isinstance(raw.get("teacher_config"), dict):  # this project's own section, as written
+        out.sections["teacher_config"] = dict(raw["teacher_config"])
 
 
 def _stage(stage, algorithm: str, out: Normalised, problems: list) -> None:

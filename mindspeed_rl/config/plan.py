@@ -462,7 +462,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 labels=_memory_labels(config, layout, optim_label),
                 weights=tuple(_weight_lines(m.hf_dir, a.load, config.ref_config.load,
                                             a.finetune, rl.init_kl_coef > 0,
-                                            shared=rl.share_backbone)),
+                                            shared=rl.share_backbone)
+                       + _teacher_lines(config, world_size)),
                 notices=config.notices, warnings=config.warnings,
                 micro_batch_phases=tuple(packing_budgets(config)),
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
@@ -554,6 +555,10 @@ def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
         memory["critic"] = train_params * (train_bytes + 4) + optimizer
     if config.reward_config is not None:
         memory["reward_model"] = train_params * train_bytes
+    if config.teacher_config is not None:
+        from mindspeed_rl.config.teacher import teacher_parameters
+
+        memory["teacher"] = teacher_parameters(config) * train_bytes
     return memory, optim_label
 
 
@@ -612,6 +617,7 @@ def _phase_bytes(g, memory: dict[str, int]) -> dict[str, int]:
         "training_phase": training,
         "generation_phase": memory["vllm_weights"] + memory["kv_cache"] + kept,
         **({"critic_phase": training + memory["critic"]} if "critic" in memory else {}),
+        **({"teacher_phase": training + memory["teacher"]} if "teacher" in memory else {}),
         # vLLM sizes itself as a fraction of the device: the device it needs to hold its
         # weights plus a KV cache for max_num_seqs full-length sequences.
         "device_memory_for_vllm": math.ceil((memory["vllm_weights"] + memory["kv_cache"])
@@ -650,7 +656,9 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
                         f"TP_g={layout.infer_tensor_parallel_size})",
         "critic": "critic (params + fp32 grads + optimizer; on host when idle)",
         "critic_phase": "critic phases (actor training state + critic)",
+        "teacher_phase": "teacher phase (actor training state + teacher)",
         "reward_model": f"reward model ({train_dtype}; on host when idle)",
+        "teacher": _teacher_label(config, train_dtype),
         "kv_cache": (f"vLLM KV cache ({g.max_num_seqs} seqs x {g.max_model_len} tokens, "
                      f"{_kv_heads_per_generation_rank(config, layout)} KV head(s)/rank)"),
         "training_phase": "training phase (actor params + grads + optimizer)",
@@ -661,6 +669,24 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
         "device_memory_for_vllm": "device memory vLLM needs (weights + KV cache) / "
                                   f"gpu_memory_utilization={g.gpu_memory_utilization:g}",
     }
+
+
+def _teacher_lines(config: RLJobConfig, world_size: int) -> list[str]:
+    if config.teacher_config is None:
+        return []
+    from mindspeed_rl.config.teacher import check_teacher_world, teacher_weight_line
+
+    check_teacher_world(config, world_size)
+    return [teacher_weight_line(config, world_size)]
+
+
+def _teacher_label(config: RLJobConfig, train_dtype: str) -> str:
+    if config.teacher_config is None:
+        return ""
+    from mindspeed_rl.config.teacher import teacher_sizes
+
+    tp, pp = teacher_sizes(config)
+    return f"distillation teacher ({train_dtype}, TP={tp} PP={pp}; on host when idle)"
 
 
 def _reference_label(config: RLJobConfig, train_dtype: str) -> str:

@@ -21,8 +21,9 @@ from mindspeed_rl.config.typed_sections import field_types, nested_section_type
 
 HEADING = "### Key reference"
 INTRO = ("Defaults describe a small CPU run. Keys marked (path) resolve against the working\n"
-         "directory. `critic_config` and `reward_config` are optional sections: without them "
-         "the job\nhas no critic (GRPO) and no reward model.")
+         "directory. `critic_config`, `reward_config` and `teacher_config` are optional "
+         "sections: without them the job\nhas no critic (GRPO), no reward model and no "
+         "distillation teacher (docs/algorithms.md).")
 
 
 def _type_name(tp: Any) -> str:

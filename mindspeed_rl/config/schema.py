@@ -231,7 +231,8 @@ class RLConfig:
     adv_estimator: str | None = setting(
         None, "advantage estimator, among those the launcher runs (docs/algorithms.md): "
               "pretrain_grpo.py: group_norm (GRPO: reward minus group mean, over group std), "
-              "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline; pretrain_ppo.py: gae "
+              "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, on_policy_distill "
+              "(per-token reverse KL to teacher_config's model); pretrain_ppo.py: gae "
               "(token-level GAE on the critic's values); verl's names are accepted where they "
               "mean the same (grpo = group_norm); null = the launcher's (group_norm, gae)")
     gamma: float = setting(1.0, "discount of GAE (PPO) and of reinforce_plus_plus's returns")
@@ -516,6 +517,26 @@ class RefConfig:
         "run started from (recorded in every checkpoint this project saves)"), path=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TeacherConfig:
+    """``teacher_config``: the frozen teacher of on-policy distillation
+    (``rl_config.adv_estimator: on_policy_distill``; its checks: config/teacher.py)."""
+
+    load: str = setting(doc=(
+        "the teacher's weights: an HF directory (config.json, safetensors, tokenizer), a "
+        "checkpoint converted by tools/convert_ckpt.py, or one this project saved; its "
+        "tokenizer must be the student's. Without a config.json there the teacher has the "
+        "student's architecture"), path=True)
+    tensor_model_parallel_size: int | None = setting(None, (
+        "the teacher's TP; it runs in the actor's training layout on the same ranks, so "
+        "this must equal actor_config.tensor_model_parallel_size (null = that value)"))
+    pipeline_model_parallel_size: int | None = setting(None, (
+        "as tensor_model_parallel_size: must equal actor_config.pipeline_model_parallel_size"))
+    task_reward_coef: float = setting(0.0, (
+        "weight of the sequence's task reward (the verifiers, the reward model) added to "
+        "every token's advantage next to the reverse KL; 0 = pure distillation"))
+
+
 # YAML section name -> its dataclass; the order is the order of the docs and of to_dict().
 SECTIONS: dict[str, type] = {
     "megatron_training": MegatronTrainingConfig,
@@ -525,9 +546,10 @@ SECTIONS: dict[str, type] = {
     "generate_config": GenerateConfig,
     "critic_config": CriticConfig,
     "reward_config": RewardConfig,
+    "teacher_config": TeacherConfig,
 }
 # Sections a job may leave out entirely (None in RLJobConfig when absent).
-OPTIONAL_SECTIONS = frozenset({"critic_config", "reward_config"})
+OPTIONAL_SECTIONS = frozenset({"critic_config", "reward_config", "teacher_config"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -546,6 +568,7 @@ class RLJobConfig:
     generate_config: GenerateConfig
     critic_config: CriticConfig | None = None
     reward_config: RewardConfig | None = None
+    teacher_config: TeacherConfig | None = None
     model: ModelSpec
     config_path: str
     algorithm: str = "grpo"  # a registered family (mindspeed_rl/algorithms/registry.py)

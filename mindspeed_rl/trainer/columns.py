@@ -42,7 +42,7 @@ class Column:
 # generation stopped at a token budget and continues in a later iteration).
 FINISH_REASONS = ("stop", "length", "abort", "partial")
 
-_FORWARDS = ("reward_model", "values", "old_log_p", "reference_model")
+_FORWARDS = ("reward_model", "values", "old_log_p", "reference_model", "teacher_model")
 # A partial rollout (rollout.py's continuation) reads back the unfinished rows it wrote.
 _R = ("rollout",)
 PARTIAL_ROLLOUT = "partial_rollout"  # rl_config.partial_rollout_max_split > 1
@@ -51,7 +51,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("prompt_ids", torch.int64, "[P]", _R,
            _R + _FORWARDS + ("critic_update", "update"), "prompt token ids"),
     Column("response_ids", torch.int64, "[R]", _R,
-           _R + ("reward", "adv", "discounted_returns", "gae") + _FORWARDS
+           _R + ("reward", "adv", "discounted_returns", "gae", "distill_adv") + _FORWARDS
            + ("critic_update", "update"),
            "response token ids (the reward decodes them; the advantage phases take their "
            "length)"),
@@ -61,7 +61,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("token_versions", torch.int64, "[R]", _R, _R + ("update",),
            "partial rollout: the weight version that generated each response token (a "
            "response continued across iterations mixes versions)", PARTIAL_ROLLOUT),
-    Column("response_mask", torch.int64, "[R]", _R, _R + ("adv", "update"),
+    Column("response_mask", torch.int64, "[R]", _R, _R + ("adv", "distill_adv", "update"),
            "multi-turn: 1 on the model's own tokens, 0 on tool responses and template glue "
            "(the loss, its token counts, KL and entropy cover only the 1s)", MULTI_TURN),
     Column("tool_calls", torch.int64, "[]", _R, _R + ("reward",),
@@ -84,7 +84,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("rm_scores", torch.float32, "[]", ("reward_model",), ("reward",),
            "the reward model's score of the whole response"),
     Column("rewards", torch.float32, "[]", ("reward",),
-           ("dynamic_sampling", "adv", "discounted_returns", "gae"),
+           ("dynamic_sampling", "adv", "discounted_returns", "gae", "distill_adv"),
            "sequence reward: weighted verifiers (+ weighted reward-model score, overlong "
            "penalty)"),
     Column("verifier_scores", torch.float32, "[V]", ("reward",), ("dynamic_sampling",),
@@ -92,12 +92,15 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("values", torch.float32, "[R]", ("values",), ("gae", "critic_update"),
            "the critic's value before each response token"),
     Column("logprobs_old", torch.float32, "[R]", ("old_log_p",),
-           ("discounted_returns", "gae", "update"),
+           ("discounted_returns", "gae", "distill_adv", "update"),
            "the actor's log-probs before this iteration's first optimizer step"),
     Column("logprobs_ref", torch.float32, "[R]", ("reference_model",),
            ("discounted_returns", "gae", "update"),
            "the reference model's log-probs (KL)"),
-    Column("advantages", torch.float32, "[R]", ("adv", "discounted_returns", "gae"),
+    Column("logprobs_teacher", torch.float32, "[R]", ("teacher_model",), ("distill_adv",),
+           "on-policy distillation: the teacher's log-probs of the sampled tokens"),
+    Column("advantages", torch.float32, "[R]", ("adv", "discounted_returns", "gae",
+                                                "distill_adv"),
            ("update",),
            "per-token advantages"),
     Column("returns", torch.float32, "[R]", ("gae",), ("critic_update",),

@@ -3,7 +3,8 @@ function and when it runs; an algorithm's recipe is its family's phase list with
 estimator's advantage phase (``mindspeed_rl/algorithms/registry.py``).
 
     GRPO: [reshard -> rollout -> reshard -> [reward model] -> reward -> [dynamic sampling]]
-          -> [adv] -> [old log-probs] -> [reference] -> [discounted returns] -> actor update
+          -> [adv] -> [old log-probs] -> [reference] -> [discounted returns]
+          -> [teacher -> distill adv] -> actor update
     PPO:  [reshard -> rollout -> reshard -> [reward model] -> reward] -> values
           -> [old log-probs] -> [reference] -> GAE -> critic update -> actor update
 
@@ -27,10 +28,11 @@ from typing import Callable
 
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.algorithms.phase_names import (ADV, CRITIC_UPDATE, DISCOUNTED_RETURNS,
-                                                 DYNAMIC_SAMPLING, GAE, OLD_LOG_P,
+                                                 DISTILL_ADV, DYNAMIC_SAMPLING, GAE, OLD_LOG_P,
                                                  REFERENCE_MODEL, RESHARDING_TO_INFER,
                                                  RESHARDING_TO_TRAIN, REWARD, REWARD_MODEL,
-                                                 ROLLOUT, UPDATE, VALUES)
+                                                 ROLLOUT, TEACHER_MODEL, UPDATE, VALUES)
+from mindspeed_rl.trainer import distillation_phases as d
 from mindspeed_rl.trainer import phases as p
 
 
@@ -49,7 +51,8 @@ def _old_logprobs_needed(config, plan) -> bool:
     update's own forward runs at the proximal weights: its log-probs, detached, are the
     old ones."""
     rl = config.rl_config
-    return plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
+    return (plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
+            or config.teacher_config is not None)  # distillation: the student's log-probs
 
 
 # One line per phase: its function, whether it belongs to the generation round, and when
@@ -69,6 +72,9 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in (
     Phase(REFERENCE_MODEL, p.reference_logprobs,
           needed=lambda config, plan: config.rl_config.init_kl_coef != 0),
     Phase(DISCOUNTED_RETURNS, p.discounted_returns),
+    Phase(TEACHER_MODEL, d.teacher_logprobs,
+          needed=lambda config, plan: config.teacher_config is not None),
+    Phase(DISTILL_ADV, d.distill_advantages),
     Phase(GAE, p.gae),
     Phase(CRITIC_UPDATE, p.critic_update),
     Phase(UPDATE, p.actor_update),

@@ -80,6 +80,7 @@ class Roles:
     reward_model: torch.nn.Module | None = None
     reward_model_swap: RoleSwap | None = None
     reference_source: object = None  # weight_source.WeightSource of the reference
+    teacher: object = None  # teacher_role.Teacher: on-policy distillation's
     agent: object = None  # multi_turn.Agent: the tool pool of multi-turn rollouts (lazily)
 
     @property
@@ -148,6 +149,10 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     if config.reward_config is not None:
         roles.reward_model, roles.reward_model_swap = build_reward_model(
             config.reward_config, env, model_dir)
+    if config.teacher_config is not None:
+        from mindspeed_rl.trainer.teacher_role import build_teacher
+
+        roles.teacher = build_teacher(config, env, arch)
     return roles
 
 

@@ -10,7 +10,8 @@ identical and nothing that holds a reference (optimizer, DDP hooks) notices.
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -113,3 +114,32 @@ class StateSwapper:
             return tensor
         return host.view(tensor.dtype).as_strided(
             tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
+class RoleSwap:
+    """Keeps a role's tensors on the host except inside :meth:`resident`.
+
+    ``collect()`` returns the role's tensors by kind (e.g. params, grads, optimizer
+    state); it is called again after each residency, since Adam creates its
+    moments at the first step.
+    """
+
+    def __init__(self, name: str, collect: Callable[[], dict[str, list[torch.Tensor]]], ledger,
+                 pin_memory: bool) -> None:
+        self.name, self.collect = name, collect
+        self.swapper = StateSwapper(ledger, pin_memory=pin_memory)
+        self._refresh_and_offload()
+
+    def _refresh_and_offload(self) -> None:
+        tensors = {f"{self.name}_{kind}": t for kind, t in self.collect().items()}
+        self.swapper.refresh(tensors)
+        self.roles = list(tensors)
+        self.swapper.offload(self.roles)
+
+    @contextlib.contextmanager
+    def resident(self) -> Iterator[None]:
+        self.swapper.onload(self.roles)
+        try:
+            yield
+        finally:
+            self._refresh_and_offload()

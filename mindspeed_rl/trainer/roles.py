@@ -14,42 +14,13 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
-from mindspeed_rl.resharding.swap import StateSwapper, training_state_tensors
+from mindspeed_rl.resharding.swap import RoleSwap, training_state_tensors
 from mindspeed_rl.engine.actor import MegatronActor, build_policy_model
 from mindspeed_rl.engine.critic import MegatronCritic
-
-
-class RoleSwap:
-    """Keeps a role's tensors on the host except inside :meth:`resident`.
-
-    ``collect()`` returns the role's tensors by kind (e.g. params, grads, optimizer
-    state); it is called again after each residency, since Adam creates its
-    moments at the first step.
-    """
-
-    def __init__(self, name: str, collect: Callable[[], dict[str, list[torch.Tensor]]], ledger,
-                 pin_memory: bool) -> None:
-        self.name, self.collect = name, collect
-        self.swapper = StateSwapper(ledger, pin_memory=pin_memory)
-        self._refresh_and_offload()
-
-    def _refresh_and_offload(self) -> None:
-        tensors = {f"{self.name}_{kind}": t for kind, t in self.collect().items()}
-        self.swapper.refresh(tensors)
-        self.roles = list(tensors)
-        self.swapper.offload(self.roles)
-
-    @contextlib.contextmanager
-    def resident(self) -> Iterator[None]:
-        self.swapper.onload(self.roles)
-        try:
-            yield
-        finally:
-            self._refresh_and_offload()
 
 
 class SharedBackbone:

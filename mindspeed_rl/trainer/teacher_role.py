@@ -21,7 +21,7 @@ import torch
 @dataclass
 class Teacher:
     model: torch.nn.Module
-    swap: object               # roles.RoleSwap: on the host between its phases
+    swap: object               # resharding.swap.RoleSwap: on the host between its phases
     vocab_size: int
     layout: object = None      # parallel.second_layout.SecondLayout, None: the actor's
 
@@ -47,7 +47,7 @@ def build_teacher(config, env, student_arch) -> Teacher:
     from mindspeed_rl.engine.actor import build_policy_model
     from mindspeed_rl.models.builder import describe_hf_dir
     from mindspeed_rl.parallel.second_layout import SecondLayout
-    from mindspeed_rl.trainer.roles import RoleSwap
+    from mindspeed_rl.resharding.swap import RoleSwap
 
     section = config.teacher_config
     arch = (describe_hf_dir(section.load) if (Path(section.load) / "config.json").is_file()

@@ -279,8 +279,10 @@ def test_march_2025_separate_worker_format_loads_and_plans(msrl, capsys):
     assert a.adam_beta2 == 0.97 and config.megatron_training.seq_length == 512
     assert notice(config, "ref_config.tensor_model_parallel_size=2, "
                           "pipeline_model_parallel_size=1: the reference's layout on NPUs of its "
-                          "own").endswith("the actor's layout (TP 4 x PP 1), which computes the "
-                                          "same log-probs")
+                          "own").endswith("in that layout of its own (a second set of "
+                                          "megatron groups), which computes the same log-probs")
+    r = config.ref_config  # run so: TP 2 x PP 1 beside the actor's TP 4 x PP 1
+    assert (r.tensor_model_parallel_size, r.pipeline_model_parallel_size) == (2, 1)
     assert "(an older MindSpeed-RL key: MindSpeed-RL master 2025-03-26 to 2025-05-15" in notice(
         config, "rl_config.experience_count=2")
     assert "before release 2.0.0" in notice(config, "generate_config.micro_batch_size=1")
@@ -294,6 +296,11 @@ def test_march_2025_separate_worker_format_loads_and_plans(msrl, capsys):
     assert main(["--config", str(path), "--dry-run", "--world-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "dry-run OK" in out and "reward model (" in out
+    assert "reference  runs in its own layout: TP 2 x PP 1 x DP 2 over the actor's ranks" in out
+    assert main(["--config", str(path), "--dry-run", "--world-size", "4",
+                 "ref_config.tensor_model_parallel_size=3"]) == 2
+    assert "ref_config.tensor_model_parallel_size=3: TP=3 x PP=1 does not divide the world of " \
+        "4 ranks" in capsys.readouterr().err
 
 
 def test_reward_config_without_reward_resource_is_not_read(msrl):

@@ -184,6 +184,7 @@ def test_march_2025_config_with_its_model_yaml_runs(tmp_path_factory):
     # the plan says how each older key was read
     for line in ("ref_config.tensor_model_parallel_size=2, pipeline_model_parallel_size=1: the "
                  "reference's layout on NPUs of its own",
+                 "reference  runs in its own layout: TP 2 x PP 1 x DP 1 over the actor's ranks",
                  "reward_config: not read",
                  "rl_config.mini_batch_size=8: counted responses in MindSpeed-RL before "
                  "2025-05-15",
@@ -196,7 +197,8 @@ def test_march_2025_config_with_its_model_yaml_runs(tmp_path_factory):
     assert sorted(train_rows) == [1, 2]
     for row in train_rows.values():
         # 8 responses per step in MindSpeed-RL's units then = 2 prompts: two optimizer steps,
-        # so the old log-probs are computed; the reference (its own layout there) runs here
+        # so the old log-probs are computed; the reference runs in its own layout (TP 2 x
+        # PP 1 beside the actor's TP 1 x PP 2)
         assert "timing/old_log_p" in row and "timing/reference_model" in row
         assert row["prompt_length/mean"] == seq_length     # every prompt cut as MindSpeed-RL
         assert math.isfinite(row["actor/kl_loss"]) and math.isfinite(row["actor/pg_loss"])

@@ -257,7 +257,7 @@ def _place_reference_key(out: Normalised, problems: list, key: str, value: Any,
     """ref_config: ``load`` (and ``model``, the actor's); in MindSpeed-RL's separate-worker
     format also the reference worker's own Megatron settings (its layout, micro-batch)."""
     dotted = f"ref_config.{key}"
-    if key == "load":
+    if key == "load" or key in _LAYOUT and value is None:  # null layout: the actor's
         target[key] = value
         return
     if key == "model":
@@ -476,14 +476,15 @@ def _translate_workers(out: Normalised, problems: list, translated: dict) -> Non
     layout = out.reference_layout
     sizes = {k: layout.pop(k) for k in _LAYOUT if k in layout}
     if sizes:
-        actor_sizes = [actor.get(k, 1) for k in _LAYOUT]
-        same = list(sizes.values()) == [actor.get(k, 1) for k in sizes]
+        megatron = out.sections["megatron_training"]
+        same = list(sizes.values()) == [actor.get(k, megatron.get(k, 1)) for k in sizes]
         written = ", ".join(f"{k}={show_value(v)}" for k, v in sizes.items())
+        out.sections["ref_config"].update(sizes)  # its own layout; the actor's when equal
         out.notices.append(
             f"ref_config.{written}: " + ("the actor's layout too" if same else
             "the reference's layout on NPUs of its own (MindSpeed-RL's separate workers, "
-            "rl_config.reference_resource); here the reference runs on the actor's ranks in the "
-            f"actor's layout (TP {actor_sizes[0]} x PP {actor_sizes[1]}), which computes the "
+            "rl_config.reference_resource); here the reference runs on the actor's ranks in "
+            "that layout of its own (a second set of megatron groups), which computes the "
             "same log-probs"))
     mbs = layout.pop("micro_batch_size", None)
     if mbs is not None:

@@ -463,6 +463,7 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 weights=tuple(_weight_lines(m.hf_dir, a.load, config.ref_config.load,
                                             a.finetune, rl.init_kl_coef > 0,
                                             shared=rl.share_backbone)
+                       + _reference_layout_lines(config, world_size)
                        + _teacher_lines(config, world_size)),
                 notices=config.notices, warnings=config.warnings,
                 micro_batch_phases=tuple(packing_budgets(config)),
@@ -695,7 +696,43 @@ def _reference_label(config: RLJobConfig, train_dtype: str) -> str:
         return "reference model (init_kl_coef=0: none)"
     if rl.share_backbone:
         return "reference model (share_backbone: the actor with its adapters off; no weights)"
-    return f"reference model ({train_dtype}; on host when idle)"
+    own = _reference_own_layout(config)
+    where = (f", its own TP={own[0]} PP={own[1]}; estimated at the actor's sharding"
+             if own else "")
+    return f"reference model ({train_dtype}{where}; on host when idle)"
+
+
+def _reference_own_layout(config: RLJobConfig) -> tuple[int, int] | None:
+    """ref_config's own (TP, PP) when it differs from the actor's, else None."""
+    r, a = config.ref_config, config.actor_config
+    tp = r.tensor_model_parallel_size or a.tensor_model_parallel_size
+    pp = r.pipeline_model_parallel_size or a.pipeline_model_parallel_size
+    same = (tp, pp) == (a.tensor_model_parallel_size, a.pipeline_model_parallel_size)
+    return None if same or config.rl_config.init_kl_coef <= 0 else (tp, pp)
+
+
+def _reference_layout_lines(config: RLJobConfig, world_size: int) -> list[str]:
+    """The reference's own layout (ref_config's TP x PP): it must tile the world and split
+    the model as the actor's does."""
+    own = _reference_own_layout(config)
+    if own is None:
+        return []
+    tp, pp = own
+    m = config.model
+    for bad, key, why in (
+            (world_size % (tp * pp), "tensor_model_parallel_size",
+             f"TP={tp} x PP={pp} does not divide the world of {world_size} ranks"),
+            (m.num_attention_heads % tp or m.num_kv_heads % tp and tp % m.num_kv_heads,
+             "tensor_model_parallel_size", f"TP={tp} does not split the model's "
+             f"{m.num_attention_heads} query / {m.num_kv_heads} KV heads"),
+            (pp > m.num_hidden_layers, "pipeline_model_parallel_size",
+             f"PP={pp} exceeds the model's {m.num_hidden_layers} layers")):
+        if bad:
+            raise ConfigError(f"ref_config.{key}", why, "give the reference a TP x PP that "
+                              "tiles the world and splits the model, or remove the key to run "
+                              "it in the actor's layout", value=tp if "tensor" in key else pp)
+    return [f"reference  runs in its own layout: TP {tp} x PP {pp} x DP {world_size // (tp * pp)} "
+            "over the actor's ranks (ref_config, MindSpeed-RL's separate reference worker)"]
 
 
 def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, finetune: bool,

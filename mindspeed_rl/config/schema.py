@@ -515,6 +515,12 @@ class RefConfig:
         "checkpoint the reference model is read from (a converted release checkpoint, a "
         "Megatron-LM / MindSpeed-LLM checkpoint or an HF directory); null = the weights the "
         "run started from (recorded in every checkpoint this project saves)"), path=True)
+    tensor_model_parallel_size: int | None = setting(None, (
+        "the reference's own TP, as MindSpeed-RL's separate-worker configs give it: the "
+        "reference then runs in a layout of its own (a second set of megatron groups over "
+        "the actor's ranks, data parallel over the rest); null = the actor's"))
+    pipeline_model_parallel_size: int | None = setting(None, (
+        "the reference's own PP, as tensor_model_parallel_size; null = the actor's"))
 
 
 @dataclass(frozen=True, kw_only=True)

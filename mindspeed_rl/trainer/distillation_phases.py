@@ -6,14 +6,13 @@ clipped policy loss on the ``advantages`` column)."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.algorithms.distillation import (distillation_advantages, distillation_metrics,
                                                   distillation_sums)
 from mindspeed_rl.engine.actor import forward_logprobs
-from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.own_layout import logprobs_in_own_layout
 from mindspeed_rl.trainer.phases import _padded, _rows
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_sums
 
@@ -22,7 +21,7 @@ def teacher_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The frozen teacher's log-probs of the student's sampled tokens, at the sampling
     temperature, through the same packed forward as the reference; onloaded for this phase
     only. In a layout of its own the rows of every training-DP rank are shared out over
-    the teacher's DP ranks and the log-probs brought back (`_in_own_layout`)."""
+    the teacher's DP ranks and the log-probs brought back (`trainer/own_layout.py`)."""
     batch = ctx.flow.get(["prompt_ids", "response_ids"],
                          ctx.batch.responses_per_training_dp_rank, "train")
     teacher = ctx.roles.teacher
@@ -32,40 +31,10 @@ def teacher_logprobs(ctx: PhaseContext) -> dict[str, float]:
                                        ctx.batch.micro_batching[names.REFERENCE_MODEL],
                                        teacher.vocab_size, temperature=ctx.temperature)
     else:
-        logp = _in_own_layout(ctx, teacher, _rows(batch))
+        logp = logprobs_in_own_layout(ctx, teacher.model, teacher.swap, teacher.layout,
+                                      teacher.vocab_size, _rows(batch))
     ctx.flow.put(batch, {"logprobs_teacher": logp})
     return {}
-
-
-def _in_own_layout(ctx: PhaseContext, teacher, rows: RowBatch) -> list[torch.Tensor]:
-    """The teacher's log-probs of ``rows`` (this training-DP rank's) computed in the
-    teacher's layout: every training-DP rank's rows gathered in DP order, each teacher-DP
-    rank takes its contiguous share, the shares' log-probs gathered back."""
-    from megatron.core import parallel_state as ps
-
-    world = dist.get_world_size()
-    dp_rank = ps.get_data_parallel_rank()
-    mine = list(zip(rows.prompts, rows.responses))
-    everyone = [None] * world
-    dist.all_gather_object(everyone, (dp_rank, mine) if counts_in_train_layout() else None)
-    flat = [(d, i, p, r) for d, part in sorted((e for e in everyone if e is not None),
-                                               key=lambda e: e[0])
-            for i, (p, r) in enumerate(part)]
-    with teacher.current_layout(), teacher.swap.resident():
-        t_rank, t_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        lo, hi = len(flat) * t_rank // t_size, len(flat) * (t_rank + 1) // t_size
-        share = RowBatch([p for _, _, p, _ in flat[lo:hi]], [r for _, _, _, r in flat[lo:hi]],
-                         {})
-        logp, _ = forward_logprobs(teacher.model, share,
-                                   ctx.batch.micro_batching[names.REFERENCE_MODEL],
-                                   teacher.vocab_size, temperature=ctx.temperature)
-        speaks = counts_in_train_layout()  # in the teacher's layout
-    results = [None] * world
-    dist.all_gather_object(results, (lo, [t.cpu() for t in logp]) if speaks else None)
-    full: list = [None] * len(flat)
-    for start, part in (r for r in results if r is not None):
-        full[start:start + len(part)] = part
-    return [full[k] for k, (d, _, _, _) in enumerate(flat) if d == dp_rank]
 
 
 def distill_advantages(ctx: PhaseContext) -> dict[str, float]:

@@ -27,6 +27,7 @@ from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_ca
 from mindspeed_rl.engine.actor import forward_logprobs
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.own_layout import logprobs_in_own_layout
 from mindspeed_rl.trainer.multi_turn import multi_turn_rollout
 from mindspeed_rl.trainer.partial_rollout import partial_rollout
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
@@ -414,10 +415,15 @@ def reference_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The frozen reference's log-probs (the KL anchor), onloaded for this phase only."""
     batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
                          "train")
-    with ctx.roles.reference_swap.resident():
-        logp, _ = forward_logprobs(ctx.roles.reference, _rows(batch),
-                                   ctx.batch.micro_batching[names.REFERENCE_MODEL],
-                                   ctx.vocab_size, temperature=ctx.temperature)
+    roles = ctx.roles
+    if roles.reference_layout is not None:  # ref_config's own TP x PP
+        logp = logprobs_in_own_layout(ctx, roles.reference, roles.reference_swap,
+                                      roles.reference_layout, ctx.vocab_size, _rows(batch))
+    else:
+        with roles.reference_swap.resident():
+            logp, _ = forward_logprobs(roles.reference, _rows(batch),
+                                       ctx.batch.micro_batching[names.REFERENCE_MODEL],
+                                       ctx.vocab_size, temperature=ctx.temperature)
     ctx.flow.put(batch, {"logprobs_ref": logp})
     return {}
 

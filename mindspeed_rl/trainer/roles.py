@@ -51,6 +51,7 @@ class Roles:
     reward_model: torch.nn.Module | None = None
     reward_model_swap: RoleSwap | None = None
     reference_source: object = None  # weight_source.WeightSource of the reference
+    reference_layout: object = None  # parallel.second_layout.SecondLayout: its own, or None
     teacher: object = None  # teacher_role.Teacher: on-policy distillation's
     agent: object = None  # multi_turn.Agent: the tool pool of multi-turn rollouts (lazily)
 
@@ -113,8 +114,10 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     if rl.init_kl_coef and rl.share_backbone:
         roles.reference, roles.reference_swap = actor.model, SharedBackbone(actor.model)
     elif rl.init_kl_coef:
-        roles.reference, roles.reference_swap, roles.reference_source = build_reference(
-            config.ref_config, env, actor.model, start, config.actor_config.load)
+        (roles.reference, roles.reference_swap, roles.reference_source,
+         roles.reference_layout) = build_reference(
+            config.ref_config, env, actor.model, start, config.actor_config.load,
+            timeout_s=rl.collective_timeout_s)
     if config.critic_config is not None:
         roles.critic, roles.critic_swap = build_critic(config.critic_config, env, start)
     if config.reward_config is not None:
@@ -171,24 +174,47 @@ def build_resharder(section, actor: MegatronActor, rollout, env: RoleEnv,
         offload_train_optimizer=section.offload_train_optimizer)
 
 
-def build_reference(section, env: RoleEnv, policy, start, actor_load):
+def build_reference(section, env: RoleEnv, policy, start, actor_load, *, timeout_s: float):
     """The frozen reference (``ref_config``): the policy the run started from, also when it
     resumes (``ref_config.load``, else the start recorded in the checkpoint); offloaded
-    to the host between its phases. Returns (model, swap, its weight source)."""
+    to the host between its phases. Returns (model, swap, its weight source, its own
+    layout or None)."""
     from mindspeed_rl.checkpoint import weight_source
 
-    ref = build_policy_model(env.arch, **env.model_options)
     source = weight_source.reference_start(
         section.load, start, weight_source.recorded_start(actor_load) if start is None else None)
-    if source is start:
-        with torch.no_grad():
-            for p_ref, p in zip(ref.parameters(), policy.parameters()):
-                p_ref.copy_(p)
+    layout = reference_layout(section, timeout_s)
+    if layout is not None:  # MindSpeed-RL's separate-worker reference: a layout of its own
+        with layout.current():
+            ref = build_policy_model(env.arch, **{**env.model_options,
+                                                  "sequence_parallel": False})
+            weight_source.load_weights(ref, env.arch, source)
     else:
-        weight_source.load_weights(ref, env.arch, source)
+        ref = build_policy_model(env.arch, **env.model_options)
+        if source is start:
+            with torch.no_grad():
+                for p_ref, p in zip(ref.parameters(), policy.parameters()):
+                    p_ref.copy_(p)
+        else:
+            weight_source.load_weights(ref, env.arch, source)
     ref.requires_grad_(False)
     swap = RoleSwap("ref", lambda: {"param": list(ref.parameters())}, env.ledger, env.pin)
-    return ref, swap, source
+    return ref, swap, source, layout
+
+
+def reference_layout(section, timeout_s: float):
+    """The reference's own megatron groups (``ref_config``'s TP x PP when they differ from
+    the actor's: MindSpeed-RL's separate-worker format), else None."""
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.parallel.second_layout import SecondLayout
+
+    tp = section.tensor_model_parallel_size or ps.get_tensor_model_parallel_world_size()
+    pp = section.pipeline_model_parallel_size or ps.get_pipeline_model_parallel_world_size()
+    if (tp, pp) == (ps.get_tensor_model_parallel_world_size(),
+                    ps.get_pipeline_model_parallel_world_size()):
+        return None
+    return SecondLayout(tp, pp, timeout_s=timeout_s)
 
 
 def build_critic(section, env: RoleEnv, start) -> tuple[MegatronCritic, RoleSwap]:

@@ -30,6 +30,7 @@ from mindspeed_rl.trainer.context import PhaseContext
 from mindspeed_rl.trainer.multi_turn import multi_turn_rollout
 from mindspeed_rl.trainer.partial_rollout import partial_rollout
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
+from mindspeed_rl.trainer.rollout_correction import rollout_is_batch_mean
 from mindspeed_rl.engine.critic import forward_scores, forward_values
 from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
@@ -503,8 +504,10 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
                 rows, b.micro_batching[names.UPDATE], rl,
                 kl_coef=kl_coef, vocab_size=ctx.vocab_size,
                 norm_length=response_limit(ctx.config),
-                temperature=ctx.temperature))
+                temperature=ctx.temperature, is_norm=rollout_is_batch_mean(rl, rows)))
     metrics = _mean_of_steps(steps, "actor")
+    metrics.update({k[len("actor/"):]: metrics.pop(k) for k in list(metrics)
+                    if k.startswith("actor/rollout_corr/")})
     if partial:
         for key in ("off_policy_token_fraction", "off_policy_is_weight_mean"):
             metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")

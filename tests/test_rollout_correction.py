@@ -156,3 +156,31 @@ def test_bad_thresholds_are_refused():
         rejection_mask(OLD, ROLLOUT, MASK, "token", 2.0, 3.0)
     with pytest.raises(ValueError, match="rollout_is="):
         rollout_is_weights(OLD, ROLLOUT, MASK, "geometric")
+
+
+def test_version_lag_counts_versions_and_enforces_the_bound():
+    """Lag = the trained version minus each token's generating version (partial rollout's
+    token_versions, else the row's weight_version); the bound masks the older tokens."""
+    from types import SimpleNamespace
+
+    from mindspeed_rl.engine.micro_batches import RowBatch
+    from mindspeed_rl.trainer.rollout_correction import version_lag
+
+    def rows(**extras):
+        return RowBatch([torch.ones(2)] * 2, [torch.ones(4), torch.ones(2)], extras)
+
+    partial = rows(token_versions=[torch.tensor([1, 1, 3, 4]), torch.tensor([4, 4])])
+    out = version_lag(SimpleNamespace(max_weight_version_lag=None), partial, 5)
+    assert (out["token_lag"], out["tokens"]) == (4 + 4 + 2 + 1 + 1 + 1, 6)
+    assert (out["row_lag"], out["max_lag"], out["over_bound"]) == (4 + 1, 4, 0)
+    assert "response_mask" not in partial.extras
+    out = version_lag(SimpleNamespace(max_weight_version_lag=2), partial, 5)
+    assert out["over_bound"] == 2
+    assert partial.extras["response_mask"][0].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert partial.extras["response_mask"][1].tolist() == [1.0, 1.0]
+    # a multi-turn loss mask stays 0 where it was
+    turns = rows(weight_version=[torch.tensor(2), torch.tensor(5)],
+                 response_mask=[torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(2)])
+    out = version_lag(SimpleNamespace(max_weight_version_lag=1), turns, 5)
+    assert (out["token_lag"], out["max_lag"], out["over_bound"]) == (12, 3, 4)
+    assert turns.extras["response_mask"][0].sum() == 0 and turns.extras["response_mask"][1].sum() == 2

@@ -293,6 +293,13 @@ def _check_rollout_correction(config: RLJobConfig) -> None:
     _require(lag is None or lag >= 0, "rl_config.max_weight_version_lag", lag,
              "must be >= 0 (versions a trained token's weights may lag the trained ones)",
              "use e.g. 1 for one-step off-policy, or null")
+    mini = rl.mini_batch_size or config.megatron_training.global_batch_size
+    steps = max(config.megatron_training.global_batch_size // max(mini, 1), 1) * rl.epochs
+    _require(lag is None or lag >= steps - 1, "rl_config.max_weight_version_lag", lag,
+             f"is below the {steps - 1} versions the last of the iteration's {steps} optimizer "
+             "steps (global_batch_size / mini_batch_size x epochs) lags its own fresh rows: "
+             "every iteration would drop them", f"use at least {steps - 1}, or fewer "
+             "optimizer steps per iteration")
 
 
 def _check_dapo(config: RLJobConfig) -> None:

@@ -10,7 +10,8 @@ rollout log-probs differ from the training engine's by noise (and one catastroph
 * ``rollout_is_batch_normalize`` makes the IS weights average 1 over the mini-batch of
   both ranks (pg_loss = -1 with advantages 1 at ratio 1; -mean(w) without);
 * the veto removes the sequence holding the catastrophic token;
-* the ``rollout_corr/*`` diagnostics equal the pure functions' over both ranks' rows.
+* the ``rollout_corr/*`` diagnostics equal the pure functions' over both ranks' rows;
+* ``staleness/*`` reduce the lag in weight versions over the ranks and the steps.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _worker(hf_dir: str):
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.rollout_correction import rollout_is_batch_mean
+    from mindspeed_rl.trainer.rollout_correction import (rollout_is_batch_mean,
+                                                          staleness_metrics, version_lag)
 
     setup_platform()
     arch = describe_hf_dir(hf_dir)
@@ -120,6 +122,10 @@ def _worker(hf_dir: str):
         dist.all_reduce(t)
         expected = rc.mismatch_metrics(dict(zip(rc.MISMATCH_SUM_KEYS, t.tolist())))
         out["diagnostics"] = ({k: s_new[f"rollout_corr/{k}"] for k in expected}, expected)
+        # staleness over both ranks: rank r's rows from weights v r, trained at v 3
+        versions = RowBatch(prompts, responses, {"weight_version": [torch.tensor(dp)] * ROWS})
+        lag = version_lag(RLConfig(max_weight_version_lag=2), versions, 3)
+        out["staleness"] = staleness_metrics([lag, lag])
         return out
     finally:
         destroy_megatron_parallel()
@@ -163,3 +169,11 @@ def test_diagnostics_equal_the_pure_functions(results):
     got, expected = results["diagnostics"]
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
     assert got["kl_k3"] > 0 and got["ess_token"] < 1
+
+
+def test_staleness_metrics_over_ranks_and_steps(results):
+    m = results["staleness"]
+    assert m["staleness/version_lag_token_mean"] == pytest.approx(2.5)  # lags 3 and 2
+    assert m["staleness/version_lag_row_mean"] == pytest.approx(2.5)
+    assert m["staleness/version_lag_max"] == 3
+    assert m["staleness/over_bound_token_fraction"] == pytest.approx(0.5)  # rank 0's

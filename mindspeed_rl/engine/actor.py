@@ -111,6 +111,7 @@ class PolicyObjective:
                  temperature: float, is_norm: float | None = None) -> None:
         self.rl, self.kl_coef, self.vocab_size = rl, kl_coef, vocab_size
         self.rc, self.is_norm = rc_fn.RolloutCorrection.from_rl(rl), is_norm
+        self.rc_weights: torch.Tensor | None = None  # this micro-batch's, rollout_is only
         self.norm_length, self.temperature = norm_length, temperature
         self.mode = rl.loss_agg_mode or default_loss_agg_mode(rl.policy_loss)
         self.low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
@@ -129,7 +130,7 @@ class PolicyObjective:
         agg = dict(loss_agg_mode=self.mode, num_tokens_global=1.0, num_seqs_global=1.0,
                    norm_length=self.norm_length, segment_ids=segment_ids(mb))
         is_weights, off = self.is_weights(mb, logp_old)
-        mask = self.rollout_correction(mb, logp_old, agg["segment_ids"], off)
+        mask = self.rollout_correction(mb, logp_old, agg["segment_ids"])
         if self.rc.is_level is not None:
             is_weights = self.rc_weights
         if off.any():
@@ -190,29 +191,33 @@ class PolicyObjective:
         return weights, off
 
     def rollout_correction(self, mb: MicroBatch, logp_old: torch.Tensor,
-                           seg: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
-        """The loss mask after verl's rejection and veto (``mb.mask`` when they are off);
-        sets ``rc_weights`` (``rollout_is``: every token's, on-policy and off-policy
-        alike, over ``is_norm`` when given) and adds the mismatch diagnostics' sums."""
+                           seg: torch.Tensor) -> torch.Tensor:
+        """The loss mask after verl's rejection and veto (``mb.mask`` when they are off),
+        as ``rollout_correction.correct`` applies them; sets ``rc_weights`` (``rollout_is``:
+        every token's, on-policy and off-policy alike, over ``is_norm`` when given) and adds
+        the mismatch diagnostics' sums."""
         self.rc_weights = None
         if "logprobs_rollout" not in mb.extras:
             return mb.mask
-        rollout, rc = mb.extras["logprobs_rollout"], self.rc
-        weights, keep = rc_fn.correct(logp_old, rollout, mb.mask, rc, seg)
-        if weights is not None and self.is_norm:
-            weights = rc_fn.normalize_weights(weights, self.is_norm, 1.0)
-        self.rc_weights = weights
-        threshold = self.rl.rollout_is_threshold or rc_fn.DEFAULT_IS_THRESHOLD
-        keep_rs = rc_fn.rejection_mask(logp_old, rollout, mb.mask, rc.rs_level,
-                                       rc.rs_threshold, rc.rs_threshold_lower, seg) \
+        rollout, rc, mask = mb.extras["logprobs_rollout"], self.rc, mb.mask
+        if rc.is_level is not None:
+            weights = rc_fn.rollout_is_weights(logp_old, rollout, mask, rc.is_level,
+                                               rc.is_threshold, rc.is_threshold_lower, seg)
+            self.rc_weights = weights if not self.is_norm else \
+                rc_fn.normalize_weights(weights, self.is_norm, 1.0)
+        keep_rs = rc_fn.rejection_mask(logp_old, rollout, mask, rc.rs_level, rc.rs_threshold,
+                                       rc.rs_threshold_lower, seg) \
             if rc.rs_level is not None else None
-        keep_veto = rc_fn.veto_mask(logp_old, rollout, mb.mask, rc.veto_threshold, seg) \
+        keep_veto = rc_fn.veto_mask(logp_old, rollout, mask, rc.veto_threshold, seg) \
             if rc.veto_threshold is not None else None
-        sums = rc_fn.mismatch_sums(logp_old, rollout, mb.mask, threshold,
+        sums = rc_fn.mismatch_sums(logp_old, rollout, mask,
+                                   self.rl.rollout_is_threshold or rc_fn.DEFAULT_IS_THRESHOLD,
                                    rc.is_threshold_lower, seg, keep_rs, keep_veto)
         for key, value in sums.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
-        return keep if rc.enabled else mb.mask
+        for keep in (keep_rs, keep_veto):
+            mask = mask if keep is None else mask * keep
+        return mask
 
     def reduced(self) -> dict[str, float]:
         """The step's statistics over every DP rank: the loss terms per unit of the

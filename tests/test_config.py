@@ -527,6 +527,32 @@ def test_bad_dapo_values_fail_before_any_process_group(job, override, expected):
     assert expected in error_of(load_config, path, [override])
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (["rl_config.rollout_is=token", "rl_config.rollout_is_threshold_lower=2.0"],
+     "rl_config.rollout_is_threshold_lower=2.0: must lie in [0, rollout_is_threshold=2.0)"),
+    (["rl_config.rollout_is=sequence", "rl_config.rollout_is_threshold=1.5",
+      "rl_config.rollout_is_threshold_lower=3"],
+     "rl_config.rollout_is_threshold_lower=3.0: must lie in [0, rollout_is_threshold=1.5)"),
+    (["rl_config.rollout_is_batch_normalize=true"],
+     "rl_config.rollout_is_batch_normalize=true: only acts on rollout_is weights"),
+    (["rl_config.rollout_rs=token", "rl_config.rollout_rs_threshold=2.0",
+      "rl_config.rollout_rs_threshold_lower=2.5"],
+     "rl_config.rollout_rs_threshold_lower=2.5: must lie in [0, rollout_rs_threshold=2.0)"),
+    (["rl_config.rollout_rs=geometric"], "rl_config.rollout_rs_threshold=null: "
+                                         "rollout_rs=geometric needs a positive upper bound"),
+    (["rl_config.rollout_rs_threshold=2.0"], "rl_config.rollout_rs_threshold=2.0: bounds the "
+                                             "band of rollout_rs, and rollout_rs is null"),
+    (["rl_config.rollout_is=tokens"], "rl_config.rollout_is='tokens' (command-line override): "
+                                      "not an accepted value; use one of: token, sequence"),
+    (["rl_config.rollout_token_veto_threshold=2"],
+     "rl_config.rollout_token_veto_threshold=2.0: must lie in (0, 1)"),
+    (["rl_config.max_weight_version_lag=0"], "rl_config.max_weight_version_lag=0: is below the "
+                                             "1 versions the last of the iteration's 2"),
+])
+def test_bad_rollout_correction_values_name_the_key(job, overrides, expected):
+    assert expected in error_of(load_config, job(), overrides)
+
+
 def test_docs_key_reference_is_the_schema():
     """docs/config.md's key reference is generated from the schema: regenerate it with
     `python -m mindspeed_rl.config.reference --write` after changing a key."""

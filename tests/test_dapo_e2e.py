@@ -123,3 +123,12 @@ def test_logprob_mismatch_shows_a_broken_weight_sync(full_run, fill_run_on_stale
     assert broken[1]["rollout/logprob_abs_diff_max"] > 0.1
     assert broken[1]["rollout/logprob_abs_diff_mean"] > \
         10 * healthy[1]["rollout/logprob_abs_diff_mean"]
+    # the rollout-correction diagnostics see it too (KL k3, chi2, ESS of the token weights)
+    assert healthy[1]["rollout_corr/kl_k3"] < 1e-6 and healthy[1]["rollout_corr/ess_token"] > 0.9999
+    assert broken[1]["rollout_corr/kl_k3"] > 1e3 * max(healthy[1]["rollout_corr/kl_k3"], 1e-12)
+    assert broken[1]["rollout_corr/chi2_token"] > 1e-3
+    # two optimizer steps per iteration (mini_batch_size = global_batch_size / 2): the second
+    # trains rows one weight version old
+    for row in (healthy[1], broken[1]):
+        assert row["staleness/version_lag_max"] == 1
+        assert 0 < row["staleness/version_lag_token_mean"] < 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from mindspeed_rl.algorithms import rollout_correction as rc_fn
 from mindspeed_rl.algorithms import (OFF_POLICY_IS_THRESHOLD, agg_loss,
                                      entropy_from_vocab_parallel_logits, kl_penalty,
                                      default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
@@ -28,7 +29,7 @@ _MASKED_LOGIT = -1e9
 
 _STAT_KEYS = ["pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl",
               "rollout_logprob_abs_diff", "off_policy_tokens", "off_policy_is_weight", "tokens",
-              "units"]
+              "units", *rc_fn.MISMATCH_SUM_KEYS]
 _PER_UNIT = ("pg_loss", "kl_loss", "entropy")
 
 
@@ -55,7 +56,7 @@ class MegatronActor(TrainableModel):
 
     def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *,
                kl_coef: float, vocab_size: int, norm_length: float | None = None,
-               temperature: float = 1.0) -> dict[str, float]:
+               temperature: float = 1.0, is_norm: float | None = None) -> dict[str, float]:
         """One optimizer step on ``batch`` (this DP rank's share of a mini-batch).
 
         ``rl`` is the ``rl_config`` section: clip ranges (``clip_ratio``, clip-higher's
@@ -73,11 +74,13 @@ class MegatronActor(TrainableModel):
         forward's, detached (one optimizer step per iteration: these are the weights the
         iteration started with); such rows must come from the current weights, or mark
         the tokens older weights generated (``off_policy``), which the loss weighs by
-        proximal over behaviour.
+        proximal over behaviour. ``is_norm``: the mini-batch mean of the rollout-correction
+        weights (``rollout_is_batch_normalize``), which divides them.
         """
         self._check_on_policy(batch)
         objective = PolicyObjective(rl, kl_coef=kl_coef, vocab_size=vocab_size,
-                                    norm_length=norm_length, temperature=temperature)
+                                    norm_length=norm_length, temperature=temperature,
+                                    is_norm=is_norm)
         micro = micro_batches_for(self.model, batch, micro_batch_size)
         out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
                                              forward_only=False), objective.sums.values)
@@ -105,8 +108,10 @@ class PolicyObjective:
     and the statistics it accumulates over the micro-batches of one optimizer step."""
 
     def __init__(self, rl, *, kl_coef: float, vocab_size: int, norm_length: float | None,
-                 temperature: float) -> None:
+                 temperature: float, is_norm: float | None = None) -> None:
         self.rl, self.kl_coef, self.vocab_size = rl, kl_coef, vocab_size
+        self.rc, self.is_norm = rc_fn.RolloutCorrection.from_rl(rl), is_norm
+        self.rc_weights: torch.Tensor | None = None  # this micro-batch's, rollout_is only
         self.norm_length, self.temperature = norm_length, temperature
         self.mode = rl.loss_agg_mode or default_loss_agg_mode(rl.policy_loss)
         self.low = rl.clip_ratio if rl.clip_ratio_low is None else rl.clip_ratio_low
@@ -125,6 +130,9 @@ class PolicyObjective:
         agg = dict(loss_agg_mode=self.mode, num_tokens_global=1.0, num_seqs_global=1.0,
                    norm_length=self.norm_length, segment_ids=segment_ids(mb))
         is_weights, off = self.is_weights(mb, logp_old)
+        mask = self.rollout_correction(mb, logp_old, agg["segment_ids"])
+        if self.rc.is_level is not None:
+            is_weights = self.rc_weights
         if off.any():
             self.max_is_weight = torch.maximum(self.max_is_weight,
                                                (is_weights * off).max().detach())
@@ -182,6 +190,35 @@ class PolicyObjective:
                                             weights)
         return weights, off
 
+    def rollout_correction(self, mb: MicroBatch, logp_old: torch.Tensor,
+                           seg: torch.Tensor) -> torch.Tensor:
+        """The loss mask after verl's rejection and veto (``mb.mask`` when they are off),
+        as ``rollout_correction.correct`` applies them; sets ``rc_weights`` (``rollout_is``:
+        every token's, on-policy and off-policy alike, over ``is_norm`` when given) and adds
+        the mismatch diagnostics' sums."""
+        self.rc_weights = None
+        if "logprobs_rollout" not in mb.extras:
+            return mb.mask
+        rollout, rc, mask = mb.extras["logprobs_rollout"], self.rc, mb.mask
+        if rc.is_level is not None:
+            weights = rc_fn.rollout_is_weights(logp_old, rollout, mask, rc.is_level,
+                                               rc.is_threshold, rc.is_threshold_lower, seg)
+            self.rc_weights = weights if not self.is_norm else \
+                rc_fn.normalize_weights(weights, self.is_norm, 1.0)
+        keep_rs = rc_fn.rejection_mask(logp_old, rollout, mask, rc.rs_level, rc.rs_threshold,
+                                       rc.rs_threshold_lower, seg) \
+            if rc.rs_level is not None else None
+        keep_veto = rc_fn.veto_mask(logp_old, rollout, mask, rc.veto_threshold, seg) \
+            if rc.veto_threshold is not None else None
+        sums = rc_fn.mismatch_sums(logp_old, rollout, mask,
+                                   self.rl.rollout_is_threshold or rc_fn.DEFAULT_IS_THRESHOLD,
+                                   rc.is_threshold_lower, seg, keep_rs, keep_veto)
+        for key, value in sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        for keep in (keep_rs, keep_veto):
+            mask = mask if keep is None else mask * keep
+        return mask
+
     def reduced(self) -> dict[str, float]:
         """The step's statistics over every DP rank: the loss terms per unit of the
         aggregation, the rest per token."""
@@ -190,7 +227,11 @@ class PolicyObjective:
         tokens, units = max(loss_tokens, 1.0), max(totals.pop("units"), 1.0)
         off_tokens = totals.pop("off_policy_tokens")
         off_weights = totals.pop("off_policy_is_weight")
+        mismatch = {k: totals.pop(k) for k in rc_fn.MISMATCH_SUM_KEYS}
         stats = {k: v / (units if k in _PER_UNIT else tokens) for k, v in totals.items()}
+        if mismatch["mm_tokens"] > 0:
+            stats.update({f"rollout_corr/{k}": v
+                          for k, v in rc_fn.mismatch_metrics(mismatch).items()})
         stats["loss_tokens"] = loss_tokens  # the response tokens the loss covered (all DP ranks)
         stats["rollout_logprob_abs_diff_max"] = max_over_world(float(self.max_diff))
         if getattr(self.rl, "partial_rollout_max_split", 1) > 1:  # off-policy tokens of a partial rollout

@@ -39,6 +39,9 @@ _CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("actor/pg_clipfrac", "clipfrac", "g3"),
     ("actor/grad_norm", "gnorm", "g3"),
     ("actor/lr", "lr", "e1"),
+    ("rollout_corr/kl_k3", "mismatch_kl", "g3"),  # rollout vs training engine (k3)
+    ("rollout_corr/ess_token", "ess", "g3"),
+    ("staleness/version_lag_max", "lag", "g3"),
     ("throughput/e2e_tokens_per_s_per_device", "tok/s/dev", "f0"),
 )
 # Phases shown in brackets after the total time (``timing/all``).

@@ -32,6 +32,8 @@ from mindspeed_rl.trainer.multi_turn import multi_turn_rollout
 from mindspeed_rl.trainer.partial_rollout import partial_rollout
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
 from mindspeed_rl.trainer.rollout_rows import SingleTurn, columns_of, fresh_rows, row_columns
+from mindspeed_rl.trainer.rollout_correction import (rollout_is_batch_mean, staleness_metrics,
+                                                      version_lag)
 from mindspeed_rl.engine.critic import forward_scores, forward_values
 from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.transfer_dock import DockBatch
@@ -482,21 +484,25 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
     kl_coef = 0.0 if rl.use_kl_in_reward or ctx.roles.reference is None else rl.init_kl_coef
     if kl_coef:
         extras.append("logprobs_ref")
-    steps = []
+    steps, lags = [], []
     for epoch in range(rl.epochs):
         for _ in range(b.mini_batches_per_epoch):
             batch = ctx.flow.get(["prompt_ids", "response_ids", *extras],
                                  b.responses_per_mini_batch_per_training_dp_rank, "train",
                                  consumer=f"{names.UPDATE}_{epoch}")
             rows = _rows(batch, tuple(extras))
+            lags.append(version_lag(rl, rows, actor.weight_version))
             if partial:
                 _mark_off_policy(ctx, rows, proximal)
             steps.append(actor.update(
                 rows, b.micro_batching[names.UPDATE], rl,
                 kl_coef=kl_coef, vocab_size=ctx.vocab_size,
                 norm_length=response_limit(ctx.config),
-                temperature=ctx.temperature))
+                temperature=ctx.temperature, is_norm=rollout_is_batch_mean(rl, rows)))
     metrics = _mean_of_steps(steps, "actor")
+    metrics.update({k[len("actor/"):]: metrics.pop(k) for k in list(metrics)
+                    if k.startswith("actor/rollout_corr/")})
+    metrics.update(staleness_metrics(lags))
     if partial:
         for key in ("off_policy_token_fraction", "off_policy_is_weight_mean"):
             metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")

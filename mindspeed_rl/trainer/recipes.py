@@ -47,12 +47,14 @@ class Phase:
 def _old_logprobs_needed(config, plan) -> bool:
     """After the first optimizer step of an iteration the policy is no longer the one the
     iteration started with (the proximal policy of a partial rollout's older rows); the
-    KL-in-reward (PPO, REINFORCE++) also reads those log-probs. With one optimizer step the
+    KL-in-reward (PPO, REINFORCE++) also reads those log-probs, and so does the batch mean
+    of the rollout-correction weights (``rollout_is_batch_normalize``). With one optimizer step the
     update's own forward runs at the proximal weights: its log-probs, detached, are the
     old ones."""
     rl = config.rl_config
     return (plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
-            or config.teacher_config is not None)  # distillation: the student's log-probs
+            or config.teacher_config is not None  # distillation: the student's log-probs
+            or (rl.rollout_is is not None and rl.rollout_is_batch_normalize))  # the batch's mean
 
 
 # One line per phase: its function, whether it belongs to the generation round, and when

@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from mindspeed_rl.algorithms import phase_names as names
+
 
 class ContractError(RuntimeError):
     """A phase or an algorithm that breaks the column contract."""
@@ -42,68 +44,72 @@ class Column:
 # generation stopped at a token budget and continues in a later iteration).
 FINISH_REASONS = ("stop", "length", "abort", "partial")
 
-_FORWARDS = ("reward_model", "values", "old_log_p", "reference_model", "teacher_model")
+_FORWARDS = (names.REWARD_MODEL, names.VALUES, names.OLD_LOG_P, names.REFERENCE_MODEL,
+             names.TEACHER_MODEL)
 # A partial rollout (rollout.py's continuation) reads back the unfinished rows it wrote.
-_R = ("rollout",)
+_R = (names.ROLLOUT,)
 PARTIAL_ROLLOUT = "partial_rollout"  # rl_config.partial_rollout_max_split > 1
 MULTI_TURN = "multi_turn"  # rl_config.multi_turn_enable
 COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("prompt_ids", torch.int64, "[P]", _R,
-           _R + _FORWARDS + ("critic_update", "update"), "prompt token ids"),
+           _R + _FORWARDS + (names.CRITIC_UPDATE, names.UPDATE), "prompt token ids"),
     Column("response_ids", torch.int64, "[R]", _R,
-           _R + ("reward", "adv", "discounted_returns", "gae", "distill_adv") + _FORWARDS
-           + ("critic_update", "update"),
+           _R + (names.REWARD, names.ADV, names.DISCOUNTED_RETURNS, names.GAE, names.DISTILL_ADV)
+           + _FORWARDS
+           + (names.CRITIC_UPDATE, names.UPDATE),
            "response token ids (the reward decodes them; the advantage phases take their "
            "length)"),
-    Column("logprobs_rollout", torch.float32, "[R]", _R, _R + ("update",),
+    Column("logprobs_rollout", torch.float32, "[R]", _R, _R + (names.UPDATE,),
            "the rollout engine's log-prob of each sampled token: the behaviour policy "
            "(rollout-training mismatch, off-policy correction)"),
-    Column("token_versions", torch.int64, "[R]", _R, _R + ("update",),
+    Column("token_versions", torch.int64, "[R]", _R, _R + (names.UPDATE,),
            "partial rollout: the weight version that generated each response token (a "
            "response continued across iterations mixes versions)", PARTIAL_ROLLOUT),
-    Column("response_mask", torch.int64, "[R]", _R, _R + ("adv", "distill_adv", "update"),
+    Column("response_mask", torch.int64, "[R]", _R,
+           _R + (names.ADV, names.DISTILL_ADV, names.UPDATE),
            "multi-turn: 1 on the model's own tokens, 0 on tool responses and template glue "
            "(the loss, its token counts, KL and entropy cover only the 1s)", MULTI_TURN),
-    Column("tool_calls", torch.int64, "[]", _R, _R + ("reward",),
+    Column("tool_calls", torch.int64, "[]", _R, _R + (names.REWARD,),
            "multi-turn: tool calls the trajectory made (retool_reward's bonus)", MULTI_TURN),
-    Column("prompt_index", torch.int64, "[]", _R, _R + ("reward",),
+    Column("prompt_index", torch.int64, "[]", _R, _R + (names.REWARD,),
            "the prompt's index in the training dataset (its gold answer for the verifiers)"),
-    Column("finish_reason", torch.int64, "[]", _R, _R + ("reward",),
+    Column("finish_reason", torch.int64, "[]", _R, _R + (names.REWARD,),
            f"index into {FINISH_REASONS} (truncated responses are counted)"),
-    Column("weight_version", torch.int64, "[]", _R, _R + ("update",),
+    Column("weight_version", torch.int64, "[]", _R, _R + (names.UPDATE,),
            "actor optimizer steps when the row's first token was generated (on-policy check)"),
-    Column("birth_iteration", torch.int64, "[]", _R, _R + ("update",),
+    Column("birth_iteration", torch.int64, "[]", _R, _R + (names.UPDATE,),
            "partial rollout: the iteration whose rollout started the row (its age when "
            "trained)", PARTIAL_ROLLOUT),
-    Column("num_segments", torch.int64, "[]", _R, _R + ("update",),
+    Column("num_segments", torch.int64, "[]", _R, _R + (names.UPDATE,),
            "partial rollout: rollout passes that generated the row's tokens", PARTIAL_ROLLOUT),
-    Column("group_id", torch.int64, "[]", _R, _R + ("dynamic_sampling", "adv"),
+    Column("group_id", torch.int64, "[]", _R, _R + (names.DYNAMIC_SAMPLING, names.ADV),
            "unique id of the prompt's group of n samples (grows across iterations)"),
-    Column("sample_idx", torch.int64, "[]", _R, _R + ("adv",),
+    Column("sample_idx", torch.int64, "[]", _R, _R + (names.ADV,),
            "which of the n samples of its group the row is"),
-    Column("rm_scores", torch.float32, "[]", ("reward_model",), ("reward",),
+    Column("rm_scores", torch.float32, "[]", (names.REWARD_MODEL,), (names.REWARD,),
            "the reward model's score of the whole response"),
-    Column("rewards", torch.float32, "[]", ("reward",),
-           ("dynamic_sampling", "adv", "discounted_returns", "gae", "distill_adv"),
+    Column("rewards", torch.float32, "[]", (names.REWARD,),
+           (names.DYNAMIC_SAMPLING, names.ADV, names.DISCOUNTED_RETURNS, names.GAE,
+            names.DISTILL_ADV),
            "sequence reward: weighted verifiers (+ weighted reward-model score, overlong "
            "penalty)"),
-    Column("verifier_scores", torch.float32, "[V]", ("reward",), ("dynamic_sampling",),
+    Column("verifier_scores", torch.float32, "[V]", (names.REWARD,), (names.DYNAMIC_SAMPLING,),
            "each rl_config.verifier_function's unweighted score"),
-    Column("values", torch.float32, "[R]", ("values",), ("gae", "critic_update"),
+    Column("values", torch.float32, "[R]", (names.VALUES,), (names.GAE, names.CRITIC_UPDATE),
            "the critic's value before each response token"),
-    Column("logprobs_old", torch.float32, "[R]", ("old_log_p",),
-           ("discounted_returns", "gae", "distill_adv", "update"),
+    Column("logprobs_old", torch.float32, "[R]", (names.OLD_LOG_P,),
+           (names.DISCOUNTED_RETURNS, names.GAE, names.DISTILL_ADV, names.UPDATE),
            "the actor's log-probs before this iteration's first optimizer step"),
-    Column("logprobs_ref", torch.float32, "[R]", ("reference_model",),
-           ("discounted_returns", "gae", "update"),
+    Column("logprobs_ref", torch.float32, "[R]", (names.REFERENCE_MODEL,),
+           (names.DISCOUNTED_RETURNS, names.GAE, names.UPDATE),
            "the reference model's log-probs (KL)"),
-    Column("logprobs_teacher", torch.float32, "[R]", ("teacher_model",), ("distill_adv",),
+    Column("logprobs_teacher", torch.float32, "[R]", (names.TEACHER_MODEL,), (names.DISTILL_ADV,),
            "on-policy distillation: the teacher's log-probs of the sampled tokens"),
-    Column("advantages", torch.float32, "[R]", ("adv", "discounted_returns", "gae",
-                                                "distill_adv"),
-           ("update",),
+    Column("advantages", torch.float32, "[R]", (names.ADV, names.DISCOUNTED_RETURNS, names.GAE,
+                                                names.DISTILL_ADV),
+           (names.UPDATE,),
            "per-token advantages"),
-    Column("returns", torch.float32, "[R]", ("gae",), ("critic_update",),
+    Column("returns", torch.float32, "[R]", (names.GAE,), (names.CRITIC_UPDATE,),
            "the critic's regression targets (GAE returns)"),
 )}
 

@@ -320,7 +320,7 @@ def _check_dapo(config: RLJobConfig) -> None:
              "rl_config.rollout_is_threshold", rl.rollout_is_threshold, "must be greater than 0",
              "use e.g. 2.0, or null")
     if rl.filter_groups_enable:
-        _require(_runs(config, "dynamic_sampling"), "rl_config.filter_groups_enable", True,
+        _require(_runs(config, names.DYNAMIC_SAMPLING), "rl_config.filter_groups_enable", True,
                  "dynamic sampling filters GRPO groups (pretrain_grpo.py); PPO's advantages do "
                  "not vanish with equal rewards", "set filter_groups_enable: false")
         _require(rl.n_samples_per_prompt >= 2, "rl_config.filter_groups_enable", True,

@@ -121,3 +121,28 @@ def test_partial_rollout_with_multi_turn_trains_whole_groups_once_and_young(asse
     assert max(r["partial_rollout/carried_unfinished_rows"] for r in train.values()) > 0
     assert max(r["partial_rollout/trained_age_max"] for r in train.values()) >= 1
     assert max(r["partial_rollout/passes"] for r in train.values()) >= 2
+
+
+def test_context_parallel_with_lora_partial_rollout_and_multi_turn(assets):
+    """The features that slice or extend rows, all at once on a CP 2 ring: each multi-turn
+    row (tool tokens masked out of the loss) resumed across partial-rollout passes is cut
+    into zig-zag chunks for the LoRA actor and the reference (the frozen base behind the
+    adapters). The log-probs that come back in token order equal vLLM's on fresh rows, and
+    the loss covers the model's tokens of every row once."""
+    _, rows = launch(assets, "cp_lora", "megatron_training.train_iters=2",
+                     "rl_config.partial_rollout_max_split=2",
+                     "actor_config.tensor_model_parallel_size=1",
+                     "actor_config.context_parallel_size=2",
+                     "actor_config.lora_target_modules=[linear_qkv,linear_proj,linear_fc1,"
+                     "linear_fc2]", "actor_config.lora_r=4", "actor_config.lora_alpha=8",
+                     "rl_config.share_backbone=true")
+    train = training_rows(rows)
+    assert sorted(train) == [1, 2]
+    fresh = train[1]  # cut after pass 1 and resumed in pass 2 under the same weights
+    assert fresh["partial_rollout/passes"] >= 2 and fresh["partial_rollout/trained_age_max"] == 0
+    assert fresh["rollout/logprob_abs_diff_max"] < 1e-3
+    for it, row in train.items():
+        assert row["multi_turn/tool_tokens"] > 0, it
+        # each CP rank counts its own chunks' loss tokens: together every model token once
+        assert row["actor/loss_tokens"] * 2 == row["multi_turn/model_tokens"], it
+    assert train[2]["partial_rollout/trained_age_max"] == 1  # carried rows trained a step late

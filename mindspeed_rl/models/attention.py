@@ -95,12 +95,7 @@ class SDPAttention(MegatronModule):
                  v_channels: Optional[int] = None, cp_comm_type: Optional[str] = None,
                  pg_collection=None):
         super().__init__(config=config)
-        if getattr(config, "softmax_type", "vanilla") != "vanilla":
-            raise ValueError(f"SDPAttention: softmax_type={config.softmax_type!r} is not "
-                             "supported (only 'vanilla')")
-        if getattr(config, "window_size", None) is not None:
-            raise ValueError("SDPAttention: sliding-window attention (window_size) is not "
-                             "supported")
+        _refuse_unsupported(config)
         from megatron.core.process_groups_config import ProcessGroupCollection
 
         if pg_collection is None:
@@ -108,13 +103,7 @@ class SDPAttention(MegatronModule):
                 required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         tp = pg_collection.tp.size()
-        # Context parallelism (mindspeed_rl.models.context_parallel_attention): megatron's
-        # cp_comm_type "p2p" is ring attention (megatron_cp_algo), "a2a" Ulysses.
-        self.cp_group = getattr(pg_collection, "cp", None)
-        self.cp_size = self.cp_group.size() if self.cp_group is not None else 1
-        if self.cp_size > 1 and cp_comm_type not in ("p2p", "a2a"):
-            raise ValueError(f"SDPAttention: cp_comm_type={cp_comm_type!r} with context "
-                             "parallelism: use 'p2p' (ring) or 'a2a' (Ulysses)")
+        self.cp_group, self.cp_size = _context_parallel_group(pg_collection, cp_comm_type)
         self.cp_comm_type = cp_comm_type
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
@@ -263,3 +252,25 @@ def _segments(params: PackedSeqParams) -> list[int]:
                          "(self-attention)")
     bounds = cu_q.tolist()
     return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _refuse_unsupported(config) -> None:
+    """Attention variants this module does not compute, refused at construction."""
+    if getattr(config, "softmax_type", "vanilla") != "vanilla":
+        raise ValueError(f"SDPAttention: softmax_type={config.softmax_type!r} is not "
+                         "supported (only 'vanilla')")
+    if getattr(config, "window_size", None) is not None:
+        raise ValueError("SDPAttention: sliding-window attention (window_size) is not "
+                         "supported")
+
+
+def _context_parallel_group(pg_collection, cp_comm_type: Optional[str]):
+    """(CP group or None, its size). Context parallelism
+    (mindspeed_rl.models.context_parallel_attention): megatron's cp_comm_type "p2p" is ring
+    attention (megatron_cp_algo), "a2a" Ulysses."""
+    cp_group = getattr(pg_collection, "cp", None)
+    cp_size = cp_group.size() if cp_group is not None else 1
+    if cp_size > 1 and cp_comm_type not in ("p2p", "a2a"):
+        raise ValueError(f"SDPAttention: cp_comm_type={cp_comm_type!r} with context "
+                         "parallelism: use 'p2p' (ring) or 'a2a' (Ulysses)")
+    return cp_group, cp_size

@@ -296,6 +296,22 @@ def _fixed_engine_kwargs(device_type: str) -> dict:
         distributed_timeout_seconds=timeout, cpu_distributed_timeout_seconds=timeout)
 
 
+def _build_llm(kwargs: dict, device_type: str):
+    """vLLM's ``LLM(**kwargs)``; a failure is re-raised as a `RolloutConfigError` naming the
+    model directory (or the KV-cache shortfall and the key that fixes it)."""
+    from vllm import LLM
+
+    try:
+        return LLM(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the model named
+        kv = _kv_cache_shortfall(str(exc), kwargs["max_model_len"],
+                                 kwargs["gpu_memory_utilization"], device_type)
+        if kv:
+            raise RolloutConfigError(kv) from None
+        raise RolloutConfigError(f"vLLM could not load the model in {kwargs['model']}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+
 class RolloutEngine:
     """vLLM on this rank, one shard of a TP_g group.
 
@@ -313,37 +329,25 @@ class RolloutEngine:
                  enable_prefix_caching: bool = True, enable_expert_parallel: bool = False,
                  infer_expert_parallel_size: int = 1, expert_map_path: str | None = None) -> None:
         world = _check_world_and_model(model_dir, infer_tensor_parallel_size)
-        expert_kwargs = _expert_parallel_kwargs(enable_expert_parallel, infer_expert_parallel_size,
-                                                infer_tensor_parallel_size, world, device_type)
-        expert_kwargs.update(expert_map_kwargs(expert_map_path, device_type))
-        self.tensor_parallel_size = infer_tensor_parallel_size
-        self.dp_rank = dist.get_rank() // infer_tensor_parallel_size
-        self.dp_size = world // infer_tensor_parallel_size
+        expert_kwargs = {**_expert_parallel_kwargs(enable_expert_parallel,
+                                                   infer_expert_parallel_size,
+                                                   infer_tensor_parallel_size, world, device_type),
+                         **expert_map_kwargs(expert_map_path, device_type)}
+        self.tensor_parallel_size = tp = infer_tensor_parallel_size
+        self.dp_rank, self.dp_size = dist.get_rank() // tp, world // tp
         self.device_type = device_type
         self.max_model_len = max_model_len
-
         _prepare_process(model_dir, device_type, gpu_memory_utilization, world)
-        from vllm import LLM
-
         kwargs = dict(
             model=model_dir, tensor_parallel_size=infer_tensor_parallel_size,
             distributed_executor_backend="external_launcher", dtype=dtype,
             enforce_eager=enforce_eager, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             seed=seed + self.dp_rank, gpu_memory_utilization=gpu_memory_utilization,
             load_format=load_format, enable_prefix_caching=enable_prefix_caching, **expert_kwargs,
-            **_fixed_engine_kwargs(device_type))
-        if max_num_batched_tokens:
-            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
-        try:
-            self.llm = LLM(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - re-raised with the model named
-            kv = _kv_cache_shortfall(str(exc), max_model_len, gpu_memory_utilization,
-                                     device_type)
-            if kv:
-                raise RolloutConfigError(kv) from None
-            raise RolloutConfigError(
-                f"vLLM could not load the model in {model_dir}: {type(exc).__name__}: {exc}"
-            ) from exc
+            **_fixed_engine_kwargs(device_type),
+            **({"max_num_batched_tokens": max_num_batched_tokens}
+               if max_num_batched_tokens else {}))
+        self.llm = _build_llm(kwargs, device_type)
         self._asleep = False
         self._next_request = 0  # request ids of generate_stepwise
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mindspeed_rl.config.deepseek_checks import MEGATRON_NAMES, routing_problems
 from mindspeed_rl.config.errors import ConfigError, show_value
 
 MLA_SWITCHES = ("multi_latent_attention", "multi_head_latent_attention")
@@ -120,7 +121,18 @@ def deepseek_fields(body: dict, name: str, where: str) -> tuple[dict[str, Any], 
                    "multi-latent attention", "use rope_scaling_type: yarn, or remove the "
                    "rope_scaling_* keys")
         hf["rope_scaling"] = scaling
+    shape = {"num_hidden_layers": body.get("num_layers"),
+             "num_experts_per_tok": body.get("moe_router_topk"), **hf}
+    problems += routing_problems(shape, lambda hf_name: f"{name}.{_written(body, hf_name)}")
     return hf, problems
+
+
+def _written(body: dict, hf_name: str) -> str:
+    """The model yaml's key for DeepseekV3Config's ``hf_name`` (as the file spells it)."""
+    for key, target in RENAMED.items():
+        if target == hf_name and key in body:
+            return key
+    return MEGATRON_NAMES.get(hf_name, hf_name)
 
 
 def _router_fields(body: dict, refuse) -> dict[str, Any]:

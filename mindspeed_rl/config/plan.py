@@ -16,6 +16,7 @@ from typing import Any
 
 from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.config.checks import packing_budgets, response_limit
+from mindspeed_rl.config.deepseek_checks import mla_tensor_parallel_problem
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.layout_notes import layout_notes
 from mindspeed_rl.config.model_spec import ModelSpec
@@ -395,6 +396,11 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
         layout = ParallelLayout(**_layout_sizes(config, world_size))
     except LayoutError as e:
         raise ConfigError(None, _with_sections(str(e))) from None
+    if m.is_mla:
+        problem = mla_tensor_parallel_problem(m, a.tensor_model_parallel_size,
+                                              "actor_config.tensor_model_parallel_size")
+        if problem is not None:
+            raise problem
 
     gbs, n = config.megatron_training.global_batch_size, config.rl_config.n_samples_per_prompt
     mini = config.rl_config.mini_batch_size

@@ -265,6 +265,8 @@ def test_the_671b_job_passes_the_dry_run_at_384_ranks(job, capsys):
      "deepseekv3_671b.moe_router_num_groups=6: does not divide the 256 routed experts"),
     ({"model": {"moe_router_topk: 8": "moe_router_topk: 4"}},
      "deepseekv3_671b.moe_router_topk=4: megatron-core scores a group by its top"),
+    ({"model": {"norm_topk_prob: true": "norm_topk_prob: false"}},
+     "deepseekv3_671b.norm_topk_prob=false: megatron-core's sigmoid router renormalises"),
     ({"expert_model_parallel_size: 16": "expert_model_parallel_size: 24"},
      "actor_config.expert_model_parallel_size=96 does not divide the model's num_experts=256"),
     ({"infer_expert_parallel_size: 64": "infer_expert_parallel_size: 96"},

@@ -615,3 +615,21 @@ def test_the_published_deepseek_r1_671b_job_plans_its_layout(tmp_path, monkeypat
     assert "expert_model_parallel_size 16 x TP 4 (moe_tp_extend_ep" in plan.layout_notes[1]
     assert plan.model["num_parameters"] == 671_026_404_352
     assert plan.parameters["training_per_rank"] == 2_825_460_736   # the 11 MoE layers' stage
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_a_deepseek_reference_layout_must_split_multi_latent_attention(tmp_path, monkeypatch):
+    """March 2025's DeepSeek-V3 job runs its reference at TP 32; at TP 128 the heads still
+    split, the KV down projection (512 + 64 rows) does not."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "deepseekv3_671b.yaml").write_text(
+        _show("e05a299", "configs/model/deepseekv3_671b.yaml"))
+    text = _show("e05a299", "configs/grpo_trainer_deepseekv3_671b.yaml")
+    ref = text.index("ref_config:")
+    text = text[:ref] + text[ref:].replace("tensor_model_parallel_size: 32",
+                                           "tensor_model_parallel_size: 128", 1)
+    (tmp_path / "job.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    error = error_of(make_plan, load_config("job.yaml", check_data=False), 384)
+    assert str(error).startswith("ref_config.tensor_model_parallel_size=128: TP=128 does not "
+                                 "split the model's multi-latent attention down projections"), error

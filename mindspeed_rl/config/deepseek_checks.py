@@ -5,7 +5,9 @@ config.json's, as the caller names them): ``topk_group`` groups of ``n_group`` e
 groups of experts, then top-k experts inside them. megatron-core scores a group by the
 sum of its top ``moe_router_topk / moe_router_group_topk`` experts, transformers' and
 vLLM's DeepseekV3 by its top 2: the two agree (and the trained policy is the one vLLM
-samples from) only when that quotient is 2 (DeepSeek-V3: 8 / 4).
+samples from) only when top-k is twice the chosen groups (DeepSeek-V3: 8 = 2 x 4), the
+build's rule (`mindspeed_rl.models.deepseek_v3`). Its sigmoid router renormalises the top-k
+weights exactly when top-k > 1, so ``norm_topk_prob`` must say the same.
 
 `mla_tensor_parallel_problem` checks what megatron-core's local multi-latent attention
 splits over TP besides the heads: its column-parallel query down projection
@@ -20,6 +22,7 @@ from mindspeed_rl.config.errors import ConfigError
 
 # HF name -> the Megatron name a MindSpeed model yaml uses for it
 MEGATRON_NAMES = {"n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",
+                  "norm_topk_prob": "norm_topk_prob",
                   "num_experts_per_tok": "moe_router_topk", "num_experts": "num_experts",
                   "n_routed_experts": "num_experts",
                   "first_k_dense_replace": "first_k_dense_replace",
@@ -47,12 +50,18 @@ def routing_problems(fields: dict, key: Callable[[str], str]) -> list[ConfigErro
     elif experts and top_groups <= groups and topk > top_groups * (experts // groups):
         refuse("num_experts_per_tok", f"more experts than the {top_groups} chosen groups hold "
                f"({experts // groups} each)", "lower the top-k or choose more groups")
-    if groups > 1 and topk // top_groups != 2:
+    if groups > 1 and topk != 2 * top_groups:
         refuse("num_experts_per_tok", f"megatron-core scores a group by its top "
                f"{key('num_experts_per_tok')} / {key('topk_group')} = {topk} / {top_groups} "
                "experts, transformers' and vLLM's DeepseekV3 by its top 2: training and "
-               "rollout would route differently", f"make {key('num_experts_per_tok')} / "
-               f"{key('topk_group')} = 2 (e.g. top-k {2 * top_groups})")
+               "rollout would route differently", f"use top-k = 2 x {key('topk_group')} = "
+               f"{2 * top_groups}")
+    norm = fields.get("norm_topk_prob")
+    if norm is not None and bool(norm) != (topk > 1):
+        refuse("norm_topk_prob", f"megatron-core's sigmoid router renormalises the top-k "
+               f"weights exactly when top-k > 1 ({key('num_experts_per_tok')}={topk}); "
+               "transformers and vLLM follow norm_topk_prob", f"set it to "
+               f"{'true' if topk > 1 else 'false'}")
     if layers is not None and dense >= layers:
         refuse("first_k_dense_replace", f"leaves no MoE layer in the model's {layers} layers",
                f"use fewer than {layers} dense layers")

@@ -120,6 +120,10 @@ def deepseek_fields(body: dict, name: str, where: str) -> tuple[dict[str, Any], 
             refuse("rope_scaling_type", "RoPE scaling other than YaRN is not built here for "
                    "multi-latent attention", "use rope_scaling_type: yarn, or remove the "
                    "rope_scaling_* keys")
+        if scaling.get("mscale_all_dim") and not scaling.get("mscale"):
+            refuse("rope_scaling_mscale_all_dim", "YaRN's mscale_all_dim without mscale is "
+                   "not built here (megatron-core scales by their ratio)", "set "
+                   "rope_scaling_mscale too (DeepSeek-V3: both 1.0), or remove the key")
         hf["rope_scaling"] = scaling
     shape = {"num_hidden_layers": body.get("num_layers"),
              "num_experts_per_tok": body.get("moe_router_topk"), **hf}

@@ -746,6 +746,10 @@ def _reference_layout_lines(config: RLJobConfig, world_size: int) -> list[str]:
             (m.num_attention_heads % tp or m.num_kv_heads % tp and tp % m.num_kv_heads,
              "tensor_model_parallel_size", f"TP={tp} does not split the model's "
              f"{m.num_attention_heads} query / {m.num_kv_heads} KV heads"),
+            (m.is_mla and mla_tensor_parallel_problem(m, tp, "") is not None,
+             "tensor_model_parallel_size", f"TP={tp} does not split the model's multi-latent "
+             f"attention down projections (q_lora_rank={m.q_lora_rank}, kv_lora_rank + "
+             f"qk_rope_head_dim={m.kv_latent_dim})"),
             (pp > m.num_hidden_layers, "pipeline_model_parallel_size",
              f"PP={pp} exceeds the model's {m.num_hidden_layers} layers")):
         if bad:

@@ -124,19 +124,24 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
         problems += plain_model_problems(body, name, where)
     if problems:
         raise ConfigErrors(problems, where)
+    hf["tie_word_embeddings"] = not body.get("untie_embeddings_and_output_weights", False)
+    hf.setdefault("rms_norm_eps", 1e-5)   # Megatron's norm_epsilon default
     if mla:
         hf.pop("num_experts", None)         # DeepseekV3Config's name: n_routed_experts
         hf.update(deepseek)
-        hf["tie_word_embeddings"] = not body.get("untie_embeddings_and_output_weights", False)
-        hf.setdefault("rms_norm_eps", 1e-5)   # Megatron's norm_epsilon default
-        return hf, settings
+    else:
+        hf.update(_plain_fields(body, name, where))
+    return hf, settings
+
+
+def _plain_fields(body: dict, name: str, where: str) -> dict[str, Any]:
+    """KV heads, biases and the model type of a yaml without multi-latent attention:
+    Qwen3-MoE with experts, Qwen3 with qk_layernorm, Qwen2 with q/k/v biases, else Llama."""
     heads = body["num_attention_heads"]
-    hf["num_key_value_heads"] = body.get("num_query_groups", heads) if body.get(
-        "group_query_attention") else heads
-    hf["tie_word_embeddings"] = not body.get("untie_embeddings_and_output_weights", False)
+    hf: dict[str, Any] = {"num_key_value_heads": body.get("num_query_groups", heads)
+                          if body.get("group_query_attention") else heads}
     bias = body.get("add_qkv_bias", body.get("attention_bias", False))
     hf["attention_bias"] = bool(bias)
-    hf.setdefault("rms_norm_eps", 1e-5)   # Megatron's norm_epsilon default
     qk_norm = bool(body.get("qk_layernorm"))
     if body.get("num_experts"):
         if not qk_norm:
@@ -151,4 +156,4 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
         hf["model_type"], hf["architectures"] = "qwen2", ["Qwen2ForCausalLM"]
     else:
         hf["model_type"], hf["architectures"] = "llama", ["LlamaForCausalLM"]
-    return hf, settings
+    return hf

@@ -142,7 +142,7 @@ def iteration_flops(spec, *, prompt_len: float, response_len: float, num_prompts
     """Model FLOPs of one GRPO iteration by phase (``train``, ``ref``, ``old``, ``rollout``)."""
     n_body = active_body_parameters(spec)
     layers, h, vocab = spec.num_hidden_layers, spec.hidden_size, spec.vocab_size
-    width = spec.num_attention_heads * spec.kv_channels
+    width = spec.attention_width
     P, R = float(prompt_len), float(response_len)
     rows = num_prompts * n_samples
 

@@ -206,8 +206,7 @@ def test_dry_run_prints_each_phase_micro_batches(capsys):
 # efficiency accounting
 # ---------------------------------------------------------------------------------------
 def test_counts_give_padding_efficiency_and_the_flops_of_real_tokens():
-    from types import SimpleNamespace
-
+    from mindspeed_rl.config.model_spec import ModelSpec
     from mindspeed_rl.metrics.flops import forward_flops, row_forward_flops
     from mindspeed_rl.engine.efficiency import count_tokens, take_counts
 
@@ -217,9 +216,9 @@ def test_counts_give_padding_efficiency_and_the_flops_of_real_tokens():
     count_tokens(make_micro_batches(batch, 2), training=True)  # 2 x [2, 9]: 36 positions
     c = take_counts()
     assert (c.real, c.computed) == (21, 36)
-    spec = SimpleNamespace(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                           num_attention_heads=2, kv_channels=8, vocab_size=50, is_moe=False,
-                           attention_parameters_per_layer=lambda: 4 * 16 * 16)
+    spec = ModelSpec(source="spec", model_type="llama", hidden_size=16, intermediate_size=32,
+                     num_hidden_layers=2, num_attention_heads=2, head_dim=8, vocab_size=50)
+    assert spec.attention_parameters_per_layer() == 4 * 16 * 16
     flops = forward_flops(spec, tokens=c.tokens, causal_pairs=c.causal_pairs,
                           projected=c.projected)
     assert flops == pytest.approx(3 * sum(row_forward_flops(spec, p, r) for p, r in pr))

@@ -289,11 +289,21 @@ def test_defaults_model_must_exist(msrl):
 def test_model_yaml_with_unsupported_architecture(msrl, tmp_path):
     path = msrl()
     model = tmp_path / "configs" / "model" / "tiny_moe.yaml"
+    # DeepSeek-V3's keys without multi-latent attention, and Llama-3 RoPE scaling
     model.write_text(MODEL_YAML.replace("  swiglu: true\n", "  swiglu: true\n"
-                                        "  multi_latent_attention: true\n  n_shared_experts: 1\n"))
+                                        "  n_shared_experts: 1\n  low_freq_factor: 1.0\n"))
     text = str(error_of(load_config, path, check_data=False))
-    assert "2 problems" in text and "tiny_moe.multi_latent_attention=true" in text
-    assert "tiny_moe.n_shared_experts=1" in text
+    assert "2 problems" in text, text
+    assert "tiny_moe.n_shared_experts=1: is an architecture not built here" in text
+    assert "DeepSeek-V3's keys need multi_latent_attention: true" in text
+    assert "tiny_moe.low_freq_factor=1.0: is an architecture not built here" in text
+    # multi-latent attention on a Qwen3-MoE body: DeepSeek-V3's keys it lacks, by name
+    model.write_text(MODEL_YAML.replace("  swiglu: true\n", "  swiglu: true\n"
+                                        "  multi_latent_attention: true\n"))
+    text = str(error_of(load_config, path, check_data=False))
+    for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+                "moe_router_score_function", "moe_router_enable_expert_bias"):
+        assert f"tiny_moe.{key}" in text, key
 
 
 def test_noop_layers_must_fit_the_model(msrl):

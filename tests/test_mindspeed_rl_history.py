@@ -547,9 +547,17 @@ HISTORY = {
     # long context: TP 8 x CP 2 (ring) x PP 2 on 64 NPUs
     "dapo_qwen25_32b_A2_20k.yaml@6628b6e": "OK",
     "dapo_qwen25_32b_A3_32k.yaml@6628b6e": "OK",
-    # refused: DeepSeek-V3, no data path
-    "grpo_trainer_deepseekv3_671b.yaml@e05a299": "deepseekv3_671b.multi_head_latent_attention"
-                                                 "=true: is an architecture not built here",
+    # DeepSeek-V3 671B: the separate-worker format (TP 32 x PP 12), MindSpeed-RL 2.0.0's
+    # model-yaml names at 384 ranks (TP 4 x PP 6, EP 16 x TP 4), today's names at 256
+    "grpo_trainer_deepseekv3_671b.yaml@e05a299": "OK",
+    "grpo_deepseek_r1_671b_A3.yaml@de08cc4": "OK",
+    "grpo_deepseek_r1_671b_A3.yaml@d76a536": "OK",
+    "grpo_deepseek_r1_671b_A3.yaml@4f551e3": "OK",
+    # refused: lengths beyond its own max_model_len, no data path
+    "grpo_deepseek_r1_671b_A2.yaml@4f551e3": "generate_config.sampling_config.max_tokens=2048: "
+                                             "rl_config.max_prompt_length=8196 + max_tokens="
+                                             "2048 = 10244 is larger than generate_config."
+                                             "max_model_len=10240",
     "grpo_trainer_qwen25_7b.yaml@8eddc32": "megatron_training.data_path=null: required key is "
                                            "empty",
     "grpo_trainer_llama32_1b.yaml@76d7796": "megatron_training.data_path: required key is "
@@ -588,3 +596,40 @@ def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
         error = error_of(load_config, name, check_data=False, algorithm=algorithm)
         assert HISTORY[entry] in str(error), str(error)
     assert main(argv) == (0 if HISTORY[entry] == "OK" else 2)
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_the_published_deepseek_r1_671b_job_plans_its_layout(tmp_path, monkeypatch):
+    """MindSpeed-RL's grpo_deepseek_r1_671b_A3.yaml of 2025-08-27 with its model yaml, at its
+    384 ranks: TP 4 x PP 6 (9,10,10,10,11,11 layers) x EP 16 (x TP 4, moe_tp_extend_ep)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "deepseekv3_671b.yaml").write_text(
+        _show("d76a536", "configs/model/deepseekv3_671b.yaml"))
+    (tmp_path / "job.yaml").write_text(_show("d76a536", "configs/grpo_deepseek_r1_671b_A3.yaml"))
+    monkeypatch.chdir(tmp_path)
+    plan = make_plan(load_config("job.yaml", check_data=False), 384)
+    train = plan.to_dict()["layout"]["training"]
+    assert (train["tensor_model_parallel_size"], train["pipeline_model_parallel_size"],
+            train["data_parallel_size"], train["expert_model_parallel_size"]) == (4, 6, 16, 64)
+    assert plan.layout_notes[0].startswith("pipeline stages: 9,10,10,10,11,11 layers")
+    assert "expert_model_parallel_size 16 x TP 4 (moe_tp_extend_ep" in plan.layout_notes[1]
+    assert plan.model["num_parameters"] == 671_026_404_352
+    assert plan.parameters["training_per_rank"] == 2_825_460_736   # the 11 MoE layers' stage
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_a_deepseek_reference_layout_must_split_multi_latent_attention(tmp_path, monkeypatch):
+    """March 2025's DeepSeek-V3 job runs its reference at TP 32; at TP 128 the heads still
+    split, the KV down projection (512 + 64 rows) does not."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "deepseekv3_671b.yaml").write_text(
+        _show("e05a299", "configs/model/deepseekv3_671b.yaml"))
+    text = _show("e05a299", "configs/grpo_trainer_deepseekv3_671b.yaml")
+    ref = text.index("ref_config:")
+    text = text[:ref] + text[ref:].replace("tensor_model_parallel_size: 32",
+                                           "tensor_model_parallel_size: 128", 1)
+    (tmp_path / "job.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    error = error_of(make_plan, load_config("job.yaml", check_data=False), 384)
+    assert str(error).startswith("ref_config.tensor_model_parallel_size=128: TP=128 does not "
+                                 "split the model's multi-latent attention down projections"), error

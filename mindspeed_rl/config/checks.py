@@ -7,6 +7,7 @@ dependent checks (layouts, batch splits over data-parallel ranks) live in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.algorithms.family import CRITIC
+from mindspeed_rl.config.deepseek_checks import routing_problems
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.teacher import check_teacher
 
@@ -69,6 +71,11 @@ def _check_model(config: RLJobConfig) -> None:
         _require(m.num_experts_per_tok is None or m.num_experts_per_tok <= m.num_experts,
                  "model.num_experts_per_tok", m.num_experts_per_tok,
                  f"exceeds num_experts={m.num_experts} {where}", "copy it from config.json")
+    if m.is_mla:
+        fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m)}
+        problems = routing_problems(fields, lambda name: f"model.{name}")
+        if problems:
+            raise problems[0]
     ep = config.actor_config.expert_model_parallel_size
     _require(ep == 1 or m.is_moe, "actor_config.expert_model_parallel_size", ep,
              f"the model ({m.model_type}) has no experts", "set it to 1 for dense models")
@@ -571,6 +578,10 @@ def _check_lora(config: RLJobConfig) -> None:
                  "actor_config.lora_target_modules", list(targets),
                  f"the model ({m.model_type}) has no dense {name}: its MLPs are experts, "
                  "which LoRA does not adapt here", "keep linear_qkv and linear_proj")
+    _require(not (m.is_mla and targets), "actor_config.lora_target_modules", list(targets),
+             f"LoRA is not built here for multi-latent attention ({m.model_type}): it has no "
+             "linear_qkv, and its projections are not adapted", "remove lora_target_modules "
+             "(full fine-tuning)")
     _require(len(set(targets)) == len(targets), "actor_config.lora_target_modules",
              list(targets), "names a module twice", "list each module once")
     _require(not a.lora_ckpt_filter or targets, "actor_config.lora_ckpt_filter", True,

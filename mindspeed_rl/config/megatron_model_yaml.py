@@ -9,14 +9,17 @@
       ...
 
 `translate_megatron_model` rewrites such a body into the Hugging Face field names of
-`ModelSpec`. Keys that describe an architecture this project does not build (multi-latent
-attention, shared experts, RoPE scaling...) are errors; kernel choices are accepted.
+`ModelSpec` (DeepSeek-V3's keys: `deepseek_model_yaml`). Keys that describe an architecture
+this project does not build (Llama-3 RoPE scaling, shared experts without multi-latent
+attention...) are errors; kernel choices are accepted.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mindspeed_rl.config.deepseek_model_yaml import (DEEPSEEK_KEYS, deepseek_fields, is_mla,
+                                                     plain_model_problems)
 from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.config.mindspeed_keys import (HONOURED, MEGATRON, NOT_APPLICABLE,
                                                 not_applicable_error, row, typo_hint)
@@ -36,31 +39,18 @@ MEGATRON_TO_HF = _RENAMED
 # Keys whose value must be this (or absent): the architectures built here.
 _REQUIRED = {
     "position_embedding_type": ("rope",), "normalization": ("RMSNorm",), "swiglu": (True,),
-    "disable_bias_linear": (True,), "multi_latent_attention": (False,),
-    "n_shared_experts": (None, 0), "first_k_dense_replace": (None, 0),
-    "moe_layer_freq": (None, 1), "rope_scaling_type": (None,),
-    "moe_router_score_function": ("softmax",), "moe_router_enable_expert_bias": (False,),
-    "use_mcore_models": (True,), "make_vocab_size_divisible_by": (1,),
-    "moe_router_load_balancing_type": ("aux_loss", "none"),
-    # multi-latent attention (DeepSeek-V3) and RoPE scaling are not built here
-    **{key: (None,) for key in (
-        "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
-        "rope_scaling_factor", "low_freq_factor", "high_freq_factor",
-        "original_max_position_embeddings", "beta_fast", "beta_slow", "rope_scaling_mscale",
-        "rope_scaling_mscale_all_dim", "rope_scaling_original_max_position_embeddings",
-        # DeepSeek-V3's names in MindSpeed-RL 2.0.0 to 2.2.0
-        "n_group", "topk_group", "routed_scaling_factor",
-        "qk_nope_head_dim", "qk_rope_head_dim", "rope_scaling_beta_fast",
-        "rope_scaling_beta_slow")},
-    "multi_head_latent_attention": (False, None),
+    "disable_bias_linear": (True,), "use_mcore_models": (True,),
+    "make_vocab_size_divisible_by": (1,),
+    # RoPE scaling other than DeepSeek-V3's YaRN is not built here
+    **{key: (None,) for key in ("low_freq_factor", "high_freq_factor",
+                                "original_max_position_embeddings")},
 }
 # Kernel and implementation choices with no effect on the function computed.
 _IGNORED = frozenset({
     "spec", "use_rotary_position_embeddings", "attention_softmax_in_fp32", "moe_grouped_gemm",
     "moe_permutation_async_comm", "moe_token_dispatcher_type",
     "use_fused_moe_token_permute_and_unpermute", "no_gradient_accumulation_fusion",
-    "norm_topk_prob", "seq_aux", "moe_router_num_groups", "moe_router_group_topk",
-    "moe_router_topk_scaling_factor", "group_query_attention",
+    "group_query_attention",
 })
 # Training settings a model yaml may carry: they become these job keys unless the job sets them
 # (so does any other key the job sections honour, as MindSpeed-RL merges the two).
@@ -85,8 +75,11 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
     problems: list[ConfigError] = []
     hf: dict[str, Any] = {}
     settings: dict[str, Any] = {}
+    mla = is_mla(body)
     for key, value in body.items():
         dotted = f"{name}.{key}"
+        if key in DEEPSEEK_KEYS:
+            continue                     # deepseek_fields / plain_model_problems read them
         if key in _RENAMED:
             hf[_RENAMED[key]] = value
         elif key in _REQUIRED:
@@ -114,7 +107,7 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
                 problems.append(not_applicable_error(dotted, value, r))
         else:
             candidates = list(_RENAMED) + list(_REQUIRED) + list(_IGNORED) + list(_OTHER) + list(
-                TRAINING_SETTINGS)
+                TRAINING_SETTINGS) + sorted(DEEPSEEK_KEYS)
             problems.append(ConfigError(dotted, f"unknown model-yaml key (in {where})",
                                         typo_hint(key, candidates, f"{name}.")
                                         or "see docs/config.md (MindSpeed-RL model yamls)"))
@@ -124,15 +117,31 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
             problems.append(ConfigError(f"{name}.{key}", f"required key is missing (in {where})",
                                         "copy it from the model's MindSpeed-LLM yaml or "
                                         "config.json"))
+    if mla:
+        deepseek, more = deepseek_fields(body, name, where)
+        problems += more
+    else:
+        problems += plain_model_problems(body, name, where)
     if problems:
         raise ConfigErrors(problems, where)
-    heads = body["num_attention_heads"]
-    hf["num_key_value_heads"] = body.get("num_query_groups", heads) if body.get(
-        "group_query_attention") else heads
     hf["tie_word_embeddings"] = not body.get("untie_embeddings_and_output_weights", False)
+    hf.setdefault("rms_norm_eps", 1e-5)   # Megatron's norm_epsilon default
+    if mla:
+        hf.pop("num_experts", None)         # DeepseekV3Config's name: n_routed_experts
+        hf.update(deepseek)
+    else:
+        hf.update(_plain_fields(body, name, where))
+    return hf, settings
+
+
+def _plain_fields(body: dict, name: str, where: str) -> dict[str, Any]:
+    """KV heads, biases and the model type of a yaml without multi-latent attention:
+    Qwen3-MoE with experts, Qwen3 with qk_layernorm, Qwen2 with q/k/v biases, else Llama."""
+    heads = body["num_attention_heads"]
+    hf: dict[str, Any] = {"num_key_value_heads": body.get("num_query_groups", heads)
+                          if body.get("group_query_attention") else heads}
     bias = body.get("add_qkv_bias", body.get("attention_bias", False))
     hf["attention_bias"] = bool(bias)
-    hf.setdefault("rms_norm_eps", 1e-5)   # Megatron's norm_epsilon default
     qk_norm = bool(body.get("qk_layernorm"))
     if body.get("num_experts"):
         if not qk_norm:
@@ -147,4 +156,4 @@ def translate_megatron_model(raw: dict, where: str) -> tuple[dict[str, Any], dic
         hf["model_type"], hf["architectures"] = "qwen2", ["Qwen2ForCausalLM"]
     else:
         hf["model_type"], hf["architectures"] = "llama", ["LlamaForCausalLM"]
-    return hf, settings
+    return hf

@@ -154,12 +154,22 @@ ROWS: list[KeyRow] = [
            "expert_model_parallel_size x tensor_model_parallel_size"),
     *_na(MEGATRON, "use_flash_attn use_fused_rmsnorm use_fused_swiglu use_fused_rotary_pos_emb "
          "no_masked_softmax_fusion attention_softmax_in_fp32 no_gradient_accumulation_fusion "
-         "gemm_gradient_accumulation_fusion shape_order no_bias_dropout_fusion "
-         "moe_grouped_gemm moe_permutation_async_comm moe_alltoall_overlap_comm "
+         "gemm_gradient_accumulation_fusion no_bias_dropout_fusion "
+         "moe_grouped_gemm moe_permutation_async_comm "
          "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type use_ascend_coc "
          "coc_mode coc_parallel_num coc_fused_kernel use_fused_ring_attention_update "
          "use_cp_send_recv_overlap npu_deterministic transformer_impl spec", _KERNEL),
-    *_na(MEGATRON, "reuse_fp32_param swap_optimizer swap_attention recompute_activation_function "
+    *_na(MEGATRON, "shape_order", "NPU only: the tensor layout (SBH, BSH, BSND, BNSD) MindSpeed "
+         "hands to the NPU fused attention kernel; attention here computes the same function "
+         "in its own layout"),
+    *_na(MEGATRON, "moe_alltoall_overlap_comm", "NPU only: MindSpeed overlaps the MoE token "
+         "all-to-all with expert computation; the same tokens reach the same experts "
+         "(megatron-core's all-to-all dispatcher here, without the overlap)"),
+    *_na(MEGATRON, "swap_optimizer", "NPU only: MindSpeed swaps optimizer state between "
+         "device and host during the step to save device memory; the step computes the same "
+         "update (here generate_config.offload_train_optimizer moves it to the host around "
+         "generation)"),
+    *_na(MEGATRON, "reuse_fp32_param swap_attention recompute_activation_function "
          "overlap_grad_reduce overlap_param_gather ddp_bucket_size "
          "accumulate_allreduce_grads_in_fp32 use_tp_pp_dp_mapping", _MEMORY),
     *_na(MEGATRON, "no_shared_storage", "checkpoint storage across nodes: every rank writes "
@@ -186,8 +196,8 @@ ROWS: list[KeyRow] = [
     *_na(MEGATRON, "attention_dropout hidden_dropout", "the policy trains without dropout here",
          _one_of(0.0, None), "0.0"),
     *_na(MEGATRON, "init_method_std", "weights are loaded, never initialised for training"),
-    *_na(MEGATRON, "initial_loss_scale", "loss scaling is for fp16; training here is bf16 or "
-         "fp32"),
+    *_na(MEGATRON, "initial_loss_scale", "the first dynamic loss scale of fp16 training; "
+         "training here is bf16 or fp32, which Megatron runs without loss scaling"),
     *_na(MEGATRON, "optimizer", "the optimizer is Adam(W)", _one_of("adam", None), "adam"),
     *_na(MEGATRON, "no_save_optim no_save_rng", "checkpoints always hold the optimizer and RNG "
          "state here (a resumed run repeats the uninterrupted one)"),
@@ -310,8 +320,11 @@ ROWS: list[KeyRow] = [
     *_na(GENERATE, "trust_remote_code", "the supported architectures are built into vLLM and "
          "transformers: no remote code is run"),
     *_na(GENERATE, "num_scheduler_steps", "vLLM V1 schedules one step at a time"),
-    *_na(GENERATE, "torchair_graph ascend_scheduler_config_enabled", "vllm-ascend graph / "
-         "scheduler choices; enforce_eager is honoured"),
+    *_na(GENERATE, "torchair_graph", "NPU only: vllm-ascend's torchair graph mode (the decode "
+         "step compiled as a graph); it does not change what is sampled; enforce_eager is "
+         "honoured"),
+    *_na(GENERATE, "ascend_scheduler_config_enabled", "NPU only: vllm-ascend's scheduler "
+         "choice; enforce_eager is honoured"),
     *_na(GENERATE, "data_parallel_size", "derived here: world size / "
          "infer_tensor_parallel_size"),
     *_na(GENERATE, "tokenizer_name_or_path", "vLLM uses megatron_training.tokenizer_name_or_path "
@@ -364,8 +377,8 @@ ROWS: list[KeyRow] = [
           "as it is"),
     *_na(RL, "critic_update_dispatch_size critic_value_dispatch_size", _DISPATCH),
     *_old(GENERATE, "chunked_prefill_for_mla", "MindSpeed-RL master 2025-09-04 to 2025-09-05",
-          NOT_APPLICABLE, "a vllm-ascend option of multi-latent attention (DeepSeek-V3), which "
-          "is not built here"),
+          NOT_APPLICABLE, "NPU only: a vllm-ascend option of multi-latent attention "
+          "(DeepSeek-V3) prefill; vLLM chooses its own MLA prefill here"),
     *_old(GENERATE, "infer_prefill_context_parallel_size infer_decode_context_parallel_size",
           "MindSpeed-RL master 2026-01-15 (reverted the same day)", NOT_APPLICABLE,
           "vLLM context parallelism is not used here", _at_most_one, "1"),
@@ -388,7 +401,8 @@ ROWS: list[KeyRow] = [
           "qk_rope_head_dim rope_scaling_beta_fast rope_scaling_beta_slow routed_scaling_factor "
           "topk_group", "MindSpeed-RL 2.0.0 to 2.2.0 (2025-03-26 to 2025-10-16)",
           NOT_APPLICABLE, "a DeepSeek-V3 architecture key (multi-latent attention, grouped "
-          "routing), not built here", _off, "absent"),
+          "routing) of that version's model yamls: " + _MODEL_YAML, _off,
+          "absent here (the model yaml or the HF config.json holds the architecture)"),
     *_na(MEGATRON, "no_check_for_nan_in_loss_and_grad", "Megatron's NaN check of the loss "
          "and gradients; here a non-finite loss or gradient always skips the step "
          "(rl_config.max_consecutive_skipped_steps)"),

@@ -8,6 +8,7 @@ megatron model itself is ``mindspeed_rl.models``' job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +29,34 @@ _HF_KEYS_NOT_NEEDED = frozenset({
     "initializer_range", "use_cache", "use_sliding_window", "sliding_window",
     "max_window_layers", "attention_dropout", "transformers_version", "rope_scaling",
     "rope_parameters", "layer_types", "decoder_sparse_step", "mlp_only_layers",
-    "norm_topk_prob", "output_router_logits", "router_aux_loss_coef", "use_qk_norm",
+    "output_router_logits", "router_aux_loss_coef", "use_qk_norm",
+    # DeepSeek-V3's config.json: remote-code, MTP-training and FP8 entries the plan does not use
+    "auto_map", "aux_loss_alpha", "ep_size", "pretraining_tp", "quantization_config",
+    "rope_interleave",
 })
 
 # Model types whose attention has q/k/v biases without saying so in config.json.
 _QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe"})
 # Model types with RMSNorm on queries and keys (one head_dim vector each per layer).
 _QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
+# Multi-latent attention and DeepSeek MoE (transformers' DeepseekV3Config field names).
+MLA_MODEL_TYPES = frozenset({"deepseek_v3"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """RoPE scaling of config.json's ``rope_scaling`` (YaRN for DeepSeek-V3), HF names."""
+
+    type: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,12 +83,41 @@ class ModelSpec:
     moe_intermediate_size: int | None = None
     num_experts_per_tok: int | None = None
     shared_expert_intermediate_size: int | None = None
+    # DeepSeek-V3 (MLA_MODEL_TYPES): multi-latent attention, routed + shared experts, dense
+    # first layers, group-limited sigmoid routing with an expert bias, YaRN RoPE
+    n_routed_experts: int | None = None          # its name for num_experts
+    n_shared_experts: int | None = None          # shared expert: n x moe_intermediate_size
+    first_k_dense_replace: int | None = None     # the first k layers have a dense MLP
+    moe_layer_freq: int | None = None            # DeepSeek's config.json: 1 (every later layer)
+    q_lora_rank: int | None = None               # None: queries projected directly
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    n_group: int | None = None                   # expert groups of group-limited routing
+    topk_group: int | None = None                # groups a token may route to
+    routed_scaling_factor: float | None = None
+    norm_topk_prob: bool | None = None
+    scoring_func: str | None = None              # DeepSeek's config.json: sigmoid
+    topk_method: str | None = None               # noaux_tc: the router's expert bias
+    seq_aux: bool | None = None                  # its balancing loss is per sequence
+    num_nextn_predict_layers: int | None = None  # MTP layers: not used by RL, not built
+    rope_scaling: RopeScaling | None = None
     tokenizer_name_or_path: str | None = None    # model yaml only: where its tokenizer lives
     # MindSpeed-RL model yamls also carry training keys (moe_aux_loss_coeff): the job keys
     # they set unless the job file sets them, as (dotted key, value) pairs.
     job_settings: tuple[tuple[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.n_routed_experts is not None and self.num_experts is None:
+            object.__setattr__(self, "num_experts", self.n_routed_experts)
+
     # ---- derived shape -------------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        """Multi-latent attention (DeepSeek-V3)."""
+        return self.model_type in MLA_MODEL_TYPES
+
     @property
     def num_kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
@@ -90,26 +141,76 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return bool(self.num_experts)
 
+    @property
+    def qk_head_dim(self) -> int:
+        """MLA: query/key head size (the part without RoPE + the RoPE part)."""
+        return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+
+    @property
+    def kv_latent_dim(self) -> int:
+        """MLA: what vLLM caches per token and layer (the KV latent + the RoPE key)."""
+        return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0)
+
+    @property
+    def attention_width(self) -> int:
+        """Mean width of the two attention matmuls (QK^T and PV) over all heads."""
+        if self.is_mla:
+            return self.num_attention_heads * (self.qk_head_dim + self.v_head_dim) // 2
+        return self.num_attention_heads * self.kv_channels
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) has routed experts (DeepSeek-V3: all but
+        the first ``first_k_dense_replace``)."""
+        return self.is_moe and layer >= (self.first_k_dense_replace or 0)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
     def describe(self) -> str:
         arch = ", ".join(self.architectures) or self.model_type
-        moe = (f", {self.num_experts} experts (top-{self.num_experts_per_tok}, moe_intermediate "
-               f"{self.moe_intermediate_size})" if self.is_moe else "")
+        if self.is_mla:
+            attention = (f"{self.num_attention_heads} heads, multi-latent attention (q_lora_rank "
+                         f"{self.q_lora_rank}, kv_lora_rank {self.kv_lora_rank}, qk "
+                         f"{self.qk_nope_head_dim} + {self.qk_rope_head_dim} RoPE, v "
+                         f"{self.v_head_dim})")
+        else:
+            attention = (f"{self.num_attention_heads} heads / {self.num_kv_heads} KV heads x "
+                         f"{self.kv_channels}")
+        moe = ""
+        if self.is_moe:
+            moe = (f", {self.num_experts} experts (top-{self.num_experts_per_tok}, "
+                   f"moe_intermediate {self.moe_intermediate_size})")
+            if self.is_mla:
+                moe += (f" + {self.n_shared_experts or 0} shared in {self.num_moe_layers} MoE "
+                        f"layers (the first {self.first_k_dense_replace or 0} dense), "
+                        f"{self.scoring_func or 'softmax'} router"
+                        + (" with expert bias" if self.topk_method == "noaux_tc" else "")
+                        + (f", {self.n_group} groups / top-{self.topk_group}"
+                           if self.n_group else "")
+                        + (f", scaling {self.routed_scaling_factor:g}"
+                           if self.routed_scaling_factor else ""))
+        rope = (f", RoPE {self.rope_scaling.type} x{self.rope_scaling.factor:g}"
+                if self.rope_scaling and self.rope_scaling.factor else "")
         return (f"{self.model_type} ({arch}): {self.num_hidden_layers} layers, hidden "
-                f"{self.hidden_size}, {self.num_attention_heads} heads / {self.num_kv_heads} KV "
-                f"heads x {self.kv_channels}, intermediate {self.intermediate_size}, vocab "
+                f"{self.hidden_size}, {attention}, intermediate {self.intermediate_size}, vocab "
                 f"{self.vocab_size}, {'tied' if self.tie_word_embeddings else 'untied'} "
-                f"embeddings{moe}")
+                f"embeddings{moe}{rope}")
 
     # ---- parameter counts (the HF model, unpadded vocabulary) ------------------------------
     def parameter_counts(self) -> dict[str, int]:
-        """Parameters by part; ``total`` matches ``sum(p.numel())`` of the HF model."""
+        """Parameters by part; ``total`` matches ``sum(p.numel())`` of the HF model (buffers
+        such as DeepSeek-V3's expert bias and its MTP layers, which it does not build, are
+        not counted)."""
         h, layers = self.hidden_size, self.num_hidden_layers
         embedding = self.vocab_size * h
+        moe_layers = self.num_moe_layers
         counts = {
             "embedding": embedding,
             "output_layer": 0 if self.tie_word_embeddings else embedding,
             "attention": layers * self.attention_parameters_per_layer(),
-            "mlp": layers * self.mlp_parameters_per_layer(),
+            "mlp": ((layers - moe_layers) * 3 * h * self.intermediate_size
+                    + moe_layers * self.mlp_parameters_per_layer()),
             "norms": layers * 2 * h + h,        # two RMSNorms per layer + the final one
         }
         counts["total"] = sum(counts.values())
@@ -119,19 +220,48 @@ class ModelSpec:
         return self.parameter_counts()["total"]
 
     def attention_parameters_per_layer(self) -> int:
+        if self.is_mla:
+            return self.mla_parameters(tp=1, split_down_projections=True)
         h, d = self.hidden_size, self.kv_channels
         q, kv = self.num_attention_heads * d, self.num_kv_heads * d
         bias = (q + 2 * kv) if self.has_qkv_bias else 0
         qk_norm = 2 * d if self.has_qk_norm else 0
         return h * q + 2 * h * kv + bias + q * h + qk_norm
 
+    def mla_parameters(self, *, tp: int, split_down_projections: bool) -> int:
+        """Multi-latent attention of one layer on one of ``tp`` ranks: the query and KV down
+        projections (split by TP in megatron-core's local spec, whole in vLLM), their
+        RMSNorms (whole), the up projections and the output projection (split by heads)."""
+        h, heads = self.hidden_size, self.num_attention_heads // tp
+        down = tp if split_down_projections else 1
+        if self.q_lora_rank:
+            q = (h * self.q_lora_rank // down + self.q_lora_rank
+                 + self.q_lora_rank * heads * self.qk_head_dim)
+        else:
+            q = h * heads * self.qk_head_dim
+        kv = (h * self.kv_latent_dim // down + self.kv_lora_rank
+              + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim))
+        return q + kv + heads * self.v_head_dim * h
+
     def mlp_parameters_per_layer(self) -> int:
-        """Gated MLP (gate, up, down) or, for MoE, router + experts (+ shared expert)."""
+        """Gated MLP (gate, up, down) or, for MoE, one MoE layer's router + experts (+ shared
+        expert)."""
         h = self.hidden_size
         if not self.is_moe:
             return 3 * h * self.intermediate_size
         return self.router_parameters_per_layer() + self.expert_parameters_per_layer() + (
             self.shared_expert_parameters_per_layer())
+
+    def active_body_parameters(self) -> int:
+        """Non-embedding matmul parameters one token passes through (MoE: the router, top-k
+        routed experts and the shared experts; dense layers their MLP)."""
+        h, moe_layers = self.hidden_size, self.num_moe_layers
+        active_moe = (self.router_parameters_per_layer()
+                      + (self.num_experts_per_tok or 1) * 3 * h * (self.moe_intermediate_size or 0)
+                      + self.shared_expert_parameters_per_layer())
+        dense = (self.num_hidden_layers - moe_layers) * 3 * h * self.intermediate_size
+        return (self.num_hidden_layers * self.attention_parameters_per_layer() + dense
+                + moe_layers * active_moe)
 
     def router_parameters_per_layer(self) -> int:
         return self.hidden_size * self.num_experts if self.is_moe else 0
@@ -142,11 +272,20 @@ class ModelSpec:
             return 0
         return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
 
-    def shared_expert_parameters_per_layer(self) -> int:
-        """Qwen2-MoE style shared expert and its sigmoid gate (dense, TP-sharded)."""
-        if not (self.is_moe and self.shared_expert_intermediate_size):
+    @property
+    def shared_experts_intermediate_size(self) -> int:
+        """Hidden size of the shared expert(s) of a MoE layer (0: none)."""
+        if not self.is_moe:
             return 0
-        return 3 * self.hidden_size * self.shared_expert_intermediate_size + self.hidden_size
+        if self.n_shared_experts:
+            return self.n_shared_experts * self.moe_intermediate_size
+        return self.shared_expert_intermediate_size or 0
+
+    def shared_expert_parameters_per_layer(self) -> int:
+        """Shared experts (dense, TP-sharded); Qwen2-MoE's also has a sigmoid gate."""
+        size = self.shared_experts_intermediate_size
+        gate = self.hidden_size if size and not self.n_shared_experts else 0
+        return 3 * self.hidden_size * size + gate
 
 
 def resolve_model_source(value: str, config_dir: Path) -> tuple[Path, bool]:
@@ -204,19 +343,39 @@ def read_model_spec(path: Path, is_hf_dir: bool, *,
         # our business, so unknown keys are ignored here (never in a model yaml).
         return build_section(ModelSpec, raw, "model", ignore_unknown=True,
                              source=f"in {config_json}",
-                             given={"source": str(config_json), "hf_dir": str(path)})
+                             given={"source": str(config_json), "hf_dir": str(path),
+                                    "rope_scaling": rope_scaling_of(raw)})
     raw = read_yaml_file(path, MODEL_KEY)
     if is_megatron_model_yaml(raw):
         _merge_job_architecture(next(iter(raw.values())), job_architecture, path, notices,
                                 hf_names=False, fill=True)
         hf, settings = translate_megatron_model(raw, str(path))
         return build_section(ModelSpec, hf, "model", source=f"in {path}",
+                             allowed_extra=frozenset({"rope_scaling"}),
                              given={"source": str(path), "hf_dir": None,
-                                    "job_settings": tuple(settings.items())})
+                                    "job_settings": tuple(settings.items()),
+                                    "rope_scaling": rope_scaling_of(hf)})
     if isinstance(raw, dict):
         _merge_job_architecture(raw, job_architecture, path, notices, hf_names=True, fill=True)
     return build_section(ModelSpec, raw, "model", allowed_extra=_HF_KEYS_NOT_NEEDED,
-                         source=f"in {path}", given={"source": str(path), "hf_dir": None})
+                         source=f"in {path}", given={"source": str(path), "hf_dir": None,
+                                                     "rope_scaling": rope_scaling_of(raw)})
+
+
+def rope_scaling_of(raw: Any) -> RopeScaling | None:
+    """config.json's ``rope_scaling`` (or transformers 5's ``rope_parameters``) as a
+    `RopeScaling`; None without scaling. Keys other than YaRN's are not needed here."""
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters") if isinstance(
+        raw, dict) else None
+    if not isinstance(scaling, dict):
+        return None
+    kind = scaling.get("type") or scaling.get("rope_type")
+    if kind in (None, "default"):
+        return None
+    numbers = {f.name: scaling[f.name] for f in dataclasses.fields(RopeScaling)
+               if f.name != "type" and isinstance(scaling.get(f.name), (int, float))
+               and not isinstance(scaling.get(f.name), bool)}
+    return RopeScaling(type=str(kind), **numbers)
 
 
 def _merge_job_architecture(body: dict, job: dict[str, tuple[str, Any]] | None, where: Path,

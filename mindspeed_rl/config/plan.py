@@ -16,16 +16,15 @@ from typing import Any
 
 from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.config.checks import packing_budgets, response_limit
+from mindspeed_rl.config.deepseek_checks import mla_tensor_parallel_problem
 from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.layout_notes import layout_notes
 from mindspeed_rl.config.model_spec import ModelSpec
+from mindspeed_rl.config.rank_parameters import padded_vocab_size, params_per_rank
 from mindspeed_rl.config.schema import RLJobConfig
 from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout, pipeline_stage_layers
 
 GIB = 1024 ** 3
-
-# Same padding as mindspeed_rl.models.weight_map.padded_vocab_size (not imported: that
-# module needs torch, the dry-run must not).
-_VOCAB_PADDING = 128
 
 # ParallelLayout names its keys without section; the user wrote them in these sections.
 _LAYOUT_KEYS = {
@@ -210,6 +209,8 @@ class Plan:
     # the phases of this job that run megatron micro-batches (the others are not shown)
     micro_batch_phases: tuple[str, ...] = ()
     infer_expert_parallel_size: int | None = None   # vLLM EP size, None without EP
+    # the layout in words: uneven pipeline stages, where the experts live (training and vLLM)
+    layout_notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready) of every number the table shows."""
@@ -233,6 +234,7 @@ class Plan:
             "parameters": dict(self.parameters),
             "memory_bytes": dict(self.memory_bytes),
             "phase_bytes": dict(self.phase_bytes),
+            "layout_notes": list(self.layout_notes),
             "weights": list(self.weights),
             "notices": list(self.notices),
             "warnings": list(self.warnings),
@@ -258,7 +260,8 @@ class Plan:
                   f"{lay.expert_model_parallel_size:>4} {sp:>4}",
                   f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {'-':>4} {1:>4} "
                   f"{lay.infer_data_parallel_size:>4} "
-                  f"{self.infer_expert_parallel_size or '-':>4}    -", ""]
+                  f"{self.infer_expert_parallel_size or '-':>4}    -",
+                  *(f"  {line}" for line in self.layout_notes), ""]
         lines += ["initial weights"] + [f"  {line}" for line in self.weights] + [""]
         rows = [
             ("prompts (megatron_training.global_batch_size)", s["prompts_per_iteration"]),
@@ -393,6 +396,11 @@ def _checked_layout(config: RLJobConfig, world_size: int) -> ParallelLayout:
         layout = ParallelLayout(**_layout_sizes(config, world_size))
     except LayoutError as e:
         raise ConfigError(None, _with_sections(str(e))) from None
+    if m.is_mla:
+        problem = mla_tensor_parallel_problem(m, a.tensor_model_parallel_size,
+                                              "actor_config.tensor_model_parallel_size")
+        if problem is not None:
+            raise problem
 
     gbs, n = config.megatron_training.global_batch_size, config.rl_config.n_samples_per_prompt
     mini = config.rl_config.mini_batch_size
@@ -468,7 +476,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 notices=config.notices, warnings=config.warnings,
                 micro_batch_phases=tuple(packing_budgets(config)),
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
-                                            if g.enable_expert_parallel and m.is_moe else None))
+                                            if g.enable_expert_parallel and m.is_moe else None),
+                layout_notes=tuple(layout_notes(config, layout)))
 
 
 def _parameters_per_rank(config: RLJobConfig, layout: ParallelLayout) -> dict[str, int]:
@@ -483,10 +492,11 @@ def _parameters_per_rank(config: RLJobConfig, layout: ParallelLayout) -> dict[st
     if g.enable_expert_parallel and m.is_moe:
         # vLLM expert parallelism: whole experts over TP_g x infer_expert_parallel_size ranks.
         dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=tpg * g.infer_expert_parallel_size,
-                                            expert_tp=1)
+                                            expert_tp=1, split_down_projections=False)
     else:
         # Without it vLLM shards every expert over its TP ranks.
-        dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg)
+        dense_g, expert_g = params_per_rank(m, tp=tpg, pp=1, ep=1, expert_tp=tpg,
+                                            split_down_projections=False)
     a = config.actor_config
     adapters = lora_params_per_rank(m, a.lora_target_modules, a.lora_r, tp=tp,
                                     layers=max(stages))
@@ -546,9 +556,8 @@ def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
         "reference_params": (train_params * train_bytes
                              if rl.init_kl_coef > 0 and not rl.share_backbone else 0),
         "vllm_weights": parameters["generation_per_rank"] * infer_bytes,
-        "kv_cache": (g.max_num_seqs * g.max_model_len * m.num_hidden_layers * 2
-                     * _kv_heads_per_generation_rank(config, layout) * m.kv_channels
-                     * infer_bytes),
+        "kv_cache": (g.max_num_seqs * g.max_model_len * m.num_hidden_layers
+                     * _kv_entries_per_token_and_layer(config, layout) * infer_bytes),
     }
     memory.update(_activation_bytes(config, layout))
     if config.critic_config is not None:
@@ -601,6 +610,16 @@ def _activation_bytes(config: RLJobConfig, layout: ParallelLayout) -> dict[str, 
         stage = per_layer * layers
     return {"activations": int(stage * pp),
             "logits": tokens * padded_vocab_size(m.vocab_size) // tp * 4}
+
+
+def _kv_entries_per_token_and_layer(config: RLJobConfig, layout: ParallelLayout) -> int:
+    """What vLLM caches per token and layer on one rank: keys and values of its KV heads, or
+    multi-latent attention's latent + RoPE key (kv_lora_rank + qk_rope_head_dim), which
+    every TP rank caches whole."""
+    m = config.model
+    if m.is_mla:
+        return m.kv_latent_dim
+    return 2 * _kv_heads_per_generation_rank(config, layout) * m.kv_channels
 
 
 def _kv_heads_per_generation_rank(config: RLJobConfig, layout: ParallelLayout) -> int:
@@ -661,7 +680,9 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
         "reward_model": f"reward model ({train_dtype}; on host when idle)",
         "teacher": _teacher_label(config, train_dtype),
         "kv_cache": (f"vLLM KV cache ({g.max_num_seqs} seqs x {g.max_model_len} tokens, "
-                     f"{_kv_heads_per_generation_rank(config, layout)} KV head(s)/rank)"),
+                     + (f"MLA latent {m.kv_latent_dim}/token/layer, whole on each rank)"
+                        if m.is_mla else
+                        f"{_kv_heads_per_generation_rank(config, layout)} KV head(s)/rank)")),
         "training_phase": "training phase (actor params + grads + optimizer)",
         "generation_phase": "generation phase (vLLM + training state not offloaded: "
                             + ("none" if len(offloaded) == 3 else
@@ -725,6 +746,10 @@ def _reference_layout_lines(config: RLJobConfig, world_size: int) -> list[str]:
             (m.num_attention_heads % tp or m.num_kv_heads % tp and tp % m.num_kv_heads,
              "tensor_model_parallel_size", f"TP={tp} does not split the model's "
              f"{m.num_attention_heads} query / {m.num_kv_heads} KV heads"),
+            (m.is_mla and mla_tensor_parallel_problem(m, tp, "") is not None,
+             "tensor_model_parallel_size", f"TP={tp} does not split the model's multi-latent "
+             f"attention down projections (q_lora_rank={m.q_lora_rank}, kv_lora_rank + "
+             f"qk_rope_head_dim={m.kv_latent_dim})"),
             (pp > m.num_hidden_layers, "pipeline_model_parallel_size",
              f"PP={pp} exceeds the model's {m.num_hidden_layers} layers")):
         if bad:
@@ -758,52 +783,6 @@ def _weight_lines(hf_dir: str | None, load: str | None, ref_load: str | None, fi
                                       "the weights the run started from (recorded in every "
                                       "checkpoint, so a resumed run keeps them)"))
     return lines
-
-
-def params_per_rank(model: ModelSpec, *, tp: int, pp: int, ep: int = 1,
-                    expert_tp: int | None = None,
-                    stage_layers: list[int] | None = None) -> tuple[int, int]:
-    """Parameters held by the heaviest rank: ``(dense, routed_experts)``.
-
-    Megatron shards column/row-parallel weights (q, k, v, o, gate/up/down, the
-    padded vocabulary) by TP, replicates norms and the router, splits layers by
-    PP and experts by EP x expert-TP. With PP > 1 the heaviest stage is the
-    first (embedding) or the last (output layer; a tied model keeps a copy).
-    """
-    expert_tp = expert_tp or tp
-    h, d = model.hidden_size, model.kv_channels
-    q_heads = model.num_attention_heads // tp
-    kv_heads = max(model.num_kv_heads // tp, 1)   # KV heads replicate when TP > kv heads
-    attention = 2 * h * q_heads * d + 2 * h * kv_heads * d + (2 * d if model.has_qk_norm else 0)
-    if model.has_qkv_bias:
-        attention += (q_heads + 2 * kv_heads) * d
-    layer_dense = attention + 2 * h                        # + input and post-attention norms
-    layer_expert = 0
-    if model.is_moe:
-        layer_dense += model.router_parameters_per_layer()
-        if model.shared_expert_intermediate_size:
-            layer_dense += 3 * h * model.shared_expert_intermediate_size // tp + h
-        layer_expert = (model.num_experts // ep) * 3 * h * model.moe_intermediate_size // expert_tp
-    else:
-        layer_dense += 3 * h * model.intermediate_size // tp
-    if stage_layers is None:
-        stage_layers = [-(-model.num_hidden_layers // pp)] * pp
-    vocab_shard = -(-padded_vocab_size(model.vocab_size) // tp) * h
-    if pp == 1:
-        layers = stage_layers[0]
-        dense = vocab_shard * (1 if model.tie_word_embeddings else 2) + layers * layer_dense + h
-        return dense, layers * layer_expert
-    heaviest = max(range(pp), key=lambda s: stage_layers[s] * (layer_dense + layer_expert)
-                   + (vocab_shard if s == 0 else 0) + (vocab_shard + h if s == pp - 1 else 0))
-    layers = stage_layers[heaviest]
-    dense = layers * layer_dense + (vocab_shard if heaviest == 0 else 0) + (
-        vocab_shard + h if heaviest == pp - 1 else 0)
-    return dense, layers * layer_expert
-
-
-def padded_vocab_size(vocab_size: int) -> int:
-    """Vocabulary rows megatron allocates (padded so every TP dividing 128 splits it evenly)."""
-    return -(-vocab_size // _VOCAB_PADDING) * _VOCAB_PADDING
 
 
 def _with_sections(message: str) -> str:

@@ -2,7 +2,8 @@
 metrics and ``benchmarks/bench_grpo.py``.
 
 Notation: L layers, h hidden size, V vocabulary (unpadded), A = num_heads x head_dim
-(the attention width), N = non-embedding matmul parameters *active per token*
+(the attention width; multi-latent attention: num_heads x the mean of the query/key and
+value head sizes), N = non-embedding matmul parameters *active per token*
 (attention q/k/v/o incl. biases and qk-norm, gated MLP 3*h*I; for MoE the router,
 top-k routed experts and a shared expert). Padding, recomputation, masked-out
 attention halves, optimizer, sampling and softmax are not counted.
@@ -21,22 +22,16 @@ from __future__ import annotations
 
 
 def active_body_parameters(spec) -> int:
-    """Non-embedding matmul parameters one token passes through (MoE: top-k experts)."""
-    h = spec.hidden_size
-    if spec.is_moe:
-        mlp = (spec.router_parameters_per_layer()
-               + (spec.num_experts_per_tok or 1) * 3 * h * spec.moe_intermediate_size
-               + spec.shared_expert_parameters_per_layer())
-    else:
-        mlp = 3 * h * spec.intermediate_size
-    return spec.num_hidden_layers * (spec.attention_parameters_per_layer() + mlp)
+    """Non-embedding matmul parameters one token passes through (MoE: top-k experts; the
+    spec's ``active_body_parameters``, which knows dense first layers and shared experts)."""
+    return spec.active_body_parameters()
 
 
 def forward_flops(spec, *, tokens: float, causal_pairs: float, projected: float) -> float:
     """Model FLOPs of forwards over rows with these sums: ``tokens`` = sum of S_i,
     ``causal_pairs`` = sum of S_i (S_i + 1) / 2, ``projected`` = positions put through
     the output layer (the response tokens)."""
-    width = spec.num_attention_heads * spec.kv_channels
+    width = spec.attention_width
     return (2 * active_body_parameters(spec) * tokens
             + 4 * spec.num_hidden_layers * width * causal_pairs
             + 2 * spec.hidden_size * spec.vocab_size * projected)

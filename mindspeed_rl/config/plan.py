@@ -21,6 +21,8 @@ from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.layout_notes import layout_notes
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.rank_parameters import padded_vocab_size, params_per_rank
+from mindspeed_rl.config.teacher import (check_teacher_world, teacher_parameters, teacher_sizes,
+                                         teacher_weight_line)
 from mindspeed_rl.config.schema import RLJobConfig
 from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout, pipeline_stage_layers
 
@@ -566,8 +568,6 @@ def _memory_bytes(config: RLJobConfig, layout: ParallelLayout,
     if config.reward_config is not None:
         memory["reward_model"] = train_params * train_bytes
     if config.teacher_config is not None:
-        from mindspeed_rl.config.teacher import teacher_parameters
-
         memory["teacher"] = teacher_parameters(config) * train_bytes
     return memory, optim_label
 
@@ -696,8 +696,6 @@ def _memory_labels(config: RLJobConfig, layout: ParallelLayout,
 def _teacher_lines(config: RLJobConfig, world_size: int) -> list[str]:
     if config.teacher_config is None:
         return []
-    from mindspeed_rl.config.teacher import check_teacher_world, teacher_weight_line
-
     check_teacher_world(config, world_size)
     return [teacher_weight_line(config, world_size)]
 
@@ -705,8 +703,6 @@ def _teacher_lines(config: RLJobConfig, world_size: int) -> list[str]:
 def _teacher_label(config: RLJobConfig, train_dtype: str) -> str:
     if config.teacher_config is None:
         return ""
-    from mindspeed_rl.config.teacher import teacher_sizes
-
     tp, pp = teacher_sizes(config)
     return f"distillation teacher ({train_dtype}, TP={tp} PP={pp}; on host when idle)"
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from mindspeed_rl.algorithms.distillation import NAME as DISTILL
 from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.model_spec import read_model_spec
+from mindspeed_rl.config.rank_parameters import params_per_rank
 
 
 def check_teacher(config) -> None:
@@ -124,9 +126,6 @@ def check_teacher_tokenizer(config) -> None:
 
 def teacher_parameters(config) -> int:
     """The teacher's parameters on its heaviest rank, in its layout."""
-    from mindspeed_rl.config.model_spec import read_model_spec
-    from mindspeed_rl.config.plan import params_per_rank
-
     spec = (read_model_spec(Path(config.teacher_config.load), True)
             if teacher_architecture(config) is not None else config.model)
     tp, pp = teacher_sizes(config)

@@ -71,6 +71,13 @@ def _parity_worker(hf_dir, mg_dir):
             if tp == 2:
                 results["shards"] = test_models_parity._check_shards(model, arch, hf_dir)
             if (tp, pp, ep) == (1, 1, 1):
+                # A model started from another (the trainer's reference from the policy) gets
+                # its weight buffers too.
+                from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, copy_model_weights
+
+                twin = build_gpt_model(arch, build_transformer_config(arch))
+                copy_model_weights(twin, model)
+                results["copied"] = max_abs_diff_global(megatron_logits(twin, tokens)[..., :arch.vocab_size] - reference)
                 # The router's expert bias is wired: without it the routes (and logits) change.
                 for name, buf in model.named_buffers():
                     if name.endswith("router.expert_bias"):
@@ -142,3 +149,7 @@ def test_tensor_parallel_shards_match_weight_map(parity):
 
 def test_router_expert_bias_changes_the_routes(parity):
     assert parity["no_expert_bias"] > 100 * TOLERANCE
+
+
+def test_model_copied_from_another_keeps_its_router_bias(parity):
+    assert parity["copied"] <= TOLERANCE

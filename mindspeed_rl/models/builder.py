@@ -185,6 +185,16 @@ def global_weight_buffer_names(model) -> dict[str, str]:
     return names
 
 
+@torch.no_grad()
+def copy_model_weights(dst, src) -> None:
+    """Copy ``src``'s parameters and weight buffers (`WEIGHT_BUFFERS`) into ``dst``, a model
+    built the same way at the same layout (e.g. the reference from the starting policy)."""
+    for p_dst, p_src in zip(dst.parameters(), src.parameters(), strict=True):
+        p_dst.copy_(p_src)
+    for name in global_weight_buffer_names(dst):
+        dst.get_buffer(name).copy_(src.get_buffer(name))
+
+
 def _weights(model) -> dict[str, str]:
     """Parameters and weight buffers: local name -> global name."""
     return {**global_parameter_names(model), **global_weight_buffer_names(model)}

@@ -66,7 +66,7 @@ def whole_model_parallel_state(seed: int = 1234) -> Iterator[None]:
 
 def _hf_dir_to_mg_dir(hf_dir: Path, out_dir: Path, show_progress: bool) -> None:
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, load_hf_weights
-    from mindspeed_rl.models.hf_io import HFCheckpointReader, copy_metadata_files
+    from mindspeed_rl.models.hf_io import HFCheckpointReader, copy_metadata_files, drop_fp8_quantization
     from mindspeed_rl.models.registry import describe_model
     from mindspeed_rl.models.value_head import (
         SCORE, build_value_model, is_sequence_classification, load_value_weights_from_hf,
@@ -86,6 +86,7 @@ def _hf_dir_to_mg_dir(hf_dir: Path, out_dir: Path, show_progress: bool) -> None:
             model = build_gpt_model(arch, config)
             load_hf_weights(model, arch, reader, progress=progress)
         copy_metadata_files(hf_dir, out_dir)
+        drop_fp8_quantization(out_dir / "config.json")  # FP8 weights were read dequantised
         head = {"head": "score", "num_labels": 1} if scalar_head else {}
         write_meta(out_dir, arch.name, padded_vocab_size=arch.padded_vocab_size, source=str(hf_dir), **head)
         save_megatron_checkpoint(model, out_dir, iteration=None)
@@ -116,7 +117,8 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
     """
     from mindspeed_rl.checkpoint.weight_source import classify, load_weights
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, hf_tensors_from_model
-    from mindspeed_rl.models.hf_io import copy_metadata_files, load_hf_config, write_safetensors
+    from mindspeed_rl.models.hf_io import (copy_metadata_files, drop_fp8_quantization, load_hf_config,
+                                           write_safetensors)
     from mindspeed_rl.models.registry import describe_model
     from mindspeed_rl.models.value_head import (
         VALUE_HEAD, build_value_model, is_sequence_classification, value_architecture,
@@ -171,6 +173,7 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
                 tensors = tqdm(tensors, total=total, desc="megatron -> hf", unit="tensor", leave=False)
             write_safetensors(out, tensors)
         copy_metadata_files(config_dir, out)
+        drop_fp8_quantization(out / "config.json")
         if scalar_head and not is_sequence_classification(arch.hf_config):
             as_sequence_classification(out / "config.json")
     return Path(save_dir)

@@ -14,14 +14,16 @@ from mindspeed_rl.models.parity import (max_abs_diff_global, megatron_forward, m
                                         random_tokens, transformers_logits, transformers_scores)
 
 
-def load_megatron_model(mg_dir, layout, *, seed: int = 1234):
-    """Initialise megatron at ``layout`` and load ``mg_dir`` into this rank's shard.
+def load_megatron_model(mg_dir, layout, *, seed: int = 1234, num_layer_list: str | None = None):
+    """Initialise megatron at ``layout`` and load ``mg_dir`` into this rank's shard
+    (``num_layer_list``: uneven pipeline stages, MindSpeed-LLM's key, e.g. "1,2").
 
     Returns (model, arch). A checkpoint with a scalar head (a converted reward model, a
     critic) gives a `value_head.GPTValueModel`. Call `destroy_megatron_parallel()` when done.
     """
     from mindspeed_rl.checkpoint.megatron_dir import checkpoint_tensor_keys, load_megatron_checkpoint
     from mindspeed_rl.models.builder import build_gpt_model, build_transformer_config, describe_hf_dir
+    from mindspeed_rl.models.training_options import stage_layer_options
     from mindspeed_rl.models.value_head import VALUE_HEAD, build_value_model
     from mindspeed_rl.parallel.groups import initialize_megatron_parallel
     from mindspeed_rl.platform import setup_platform
@@ -30,11 +32,13 @@ def load_megatron_model(mg_dir, layout, *, seed: int = 1234):
     arch = describe_hf_dir(mg_dir)
     layout.check_model(num_attention_heads=arch.transformer_config_kwargs["num_attention_heads"],
                        num_query_groups=arch.transformer_config_kwargs["num_query_groups"],
-                       num_layers=arch.num_layers, num_experts=arch.num_experts)
+                       num_layers=arch.num_layers, num_experts=arch.num_experts,
+                       num_layer_list=num_layer_list)
     scalar_head = VALUE_HEAD in checkpoint_tensor_keys(mg_dir)
     initialize_megatron_parallel(layout, seed=seed)
     build = build_value_model if scalar_head else build_gpt_model
-    model = build(arch, build_transformer_config(arch))
+    stages = stage_layer_options(arch.num_layers, layout.pipeline_model_parallel_size, num_layer_list)
+    model = build(arch, build_transformer_config(arch, **stages))
     load_megatron_checkpoint(model, mg_dir)
     return model, arch
 

@@ -44,7 +44,7 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
     optimizer and the resharding flow read: use it only for whole-model (TP=1) conversion.
     """
     from megatron.core import parallel_state as ps
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
     if not ps.model_parallel_is_initialized():
         raise RuntimeError("call initialize_megatron_parallel() before building a megatron model")
@@ -66,7 +66,23 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
         perform_initialization=perform_initialization,
     )
     kwargs.update(overrides)
+    if kwargs.get("multi_latent_attention"):
+        check_mla_tensor_parallel(kwargs)
+        return MLATransformerConfig(**kwargs)
     return TransformerConfig(**kwargs)
+
+
+def check_mla_tensor_parallel(fields: dict) -> None:
+    """megatron's MLA splits its down projections (output dim) and heads over TP ranks."""
+    tp = fields["tensor_model_parallel_size"]
+    sizes = {"num_attention_heads": fields["num_attention_heads"],
+             "kv_lora_rank + qk_rope_head_dim": fields["kv_lora_rank"] + fields["qk_pos_emb_head_dim"]}
+    if fields.get("q_lora_rank") is not None:
+        sizes["q_lora_rank"] = fields["q_lora_rank"]
+    for key, size in sizes.items():
+        if size % tp:
+            raise ValueError(f"tensor_model_parallel_size={tp} does not divide the model's {key}={size} "
+                             "(multi-latent attention splits it over TP ranks); choose a TP that divides it")
 
 
 def build_layer_spec(config, core_attention: type | None = None):
@@ -150,6 +166,47 @@ def global_parameter_names(model, adapters: bool = False) -> dict[str, str]:
     return names
 
 
+# Buffers that are model weights (in the weight map and in HF checkpoints): the router's expert
+# bias of aux-loss-free balancing (DeepSeek-V3's e_score_correction_bias).
+WEIGHT_BUFFERS = ("router.expert_bias",)
+
+
+def global_weight_buffer_names(model) -> dict[str, str]:
+    """This rank's weight buffers (`WEIGHT_BUFFERS`) -> global names, as `global_parameter_names`."""
+    layer_index = {i: layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
+    names = {}
+    for local, buf in model.named_buffers():
+        if buf is None or not local.endswith(WEIGHT_BUFFERS):
+            continue
+        parts = local.split(".")
+        if parts[:2] == ["decoder", "layers"]:
+            parts[2] = str(layer_index[int(parts[2])])
+        names[local] = ".".join(parts)
+    return names
+
+
+@torch.no_grad()
+def copy_model_weights(dst, src) -> None:
+    """Copy ``src``'s parameters and weight buffers (`WEIGHT_BUFFERS`) into ``dst``, a model
+    built the same way at the same layout (e.g. the reference from the starting policy)."""
+    for p_dst, p_src in zip(dst.parameters(), src.parameters(), strict=True):
+        p_dst.copy_(p_src)
+    for name in global_weight_buffer_names(dst):
+        dst.get_buffer(name).copy_(src.get_buffer(name))
+
+
+def _weights(model) -> dict[str, str]:
+    """Parameters and weight buffers: local name -> global name."""
+    return {**global_parameter_names(model), **global_weight_buffer_names(model)}
+
+
+def _weight(model, local: str) -> torch.Tensor:
+    try:
+        return model.get_parameter(local)
+    except AttributeError:
+        return model.get_buffer(local)
+
+
 def _tp_rank_and_size(is_expert: bool) -> tuple[int, int]:
     from megatron.core import parallel_state as ps
 
@@ -181,16 +238,17 @@ def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointRead
             f"{reader.dir}: {len(missing)} tensor(s) that config.json ({arch.name}) requires are "
             f"missing from the safetensors files, e.g. {missing[:3]}"
         )
+    _say_skipped(wm, sorted(present - expected), reader)
     unexpected = sorted(n for n in present - expected if not wm.is_ignored_hf(n))
     if unexpected:
         raise CheckpointError(
             f"{reader.file_of(unexpected[0])}: tensor {unexpected[0]!r} is not part of a {arch.name} "
             f"model with this config.json ({len(unexpected)} unexpected tensor(s): {unexpected[:3]})"
         )
-    for local, global_name in global_parameter_names(model).items():
+    for local, global_name in _weights(model).items():
         if global_name in exclude:
             continue
-        param = model.get_parameter(local)
+        param = _weight(model, local)
         is_expert = wm.is_expert(global_name)
         full = _full_shape(param, wm.tp_dim(global_name), _tp_rank_and_size(is_expert)[1])
         for hf_name, shape in wm.expected_hf_shapes(global_name, full).items():
@@ -199,6 +257,19 @@ def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointRead
                     f"{reader.file_of(hf_name)}: tensor {hf_name!r} has shape {list(reader.shape(hf_name))} "
                     f"but config.json ({arch.name}) implies {list(shape)} (megatron {global_name})"
                 )
+
+
+def _say_skipped(wm, names: list[str], reader: HFCheckpointReader) -> None:
+    """One line per kind of skipped HF tensor (e.g. DeepSeek-V3's multi-token prediction)."""
+    import logging
+
+    reasons: dict[str, int] = {}
+    for name in names:
+        why = wm.skipped_hf_reason(name)
+        if why is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+    for why, count in reasons.items():
+        logging.getLogger(__name__).warning("%s: skipping %d tensor(s) of %s", reader.dir, count, why)
 
 
 @torch.no_grad()
@@ -211,9 +282,9 @@ def load_hf_weights(model, arch: ModelArchitecture, reader: HFCheckpointReader,
     """
     check_hf_checkpoint(model, arch, reader, exclude)
     wm = arch.weight_map
-    items = [(local, name) for local, name in global_parameter_names(model).items() if name not in exclude]
+    items = [(local, name) for local, name in _weights(model).items() if name not in exclude]
     for local, global_name in (progress(items) if progress else items):
-        param = model.get_parameter(local)
+        param = _weight(model, local)
         full = wm.to_megatron(global_name, {h: reader.get(h) for h in wm.hf_names(global_name)})
         rank, size = _tp_rank_and_size(wm.is_expert(global_name))
         shard = wm.split_tp(global_name, full, size)[rank]
@@ -232,7 +303,9 @@ def hf_tensors_from_model(model, arch: ModelArchitecture, dtype: torch.dtype | N
     if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
             ps.get_expert_model_parallel_world_size()) != (1, 1, 1):
         raise RuntimeError("hf_tensors_from_model needs the whole model on one rank (TP=PP=EP=1)")
-    for local, global_name in global_parameter_names(model).items():
-        param = model.get_parameter(local).detach()
+    buffers = global_weight_buffer_names(model)
+    for local, global_name in _weights(model).items():
+        param = _weight(model, local).detach()
         for hf_name, tensor in arch.weight_map.to_hf(global_name, param):
-            yield hf_name, tensor if dtype is None else tensor.to(dtype)
+            # Weight buffers stay float32 (megatron keeps them so; DeepSeek-V3 ships them so).
+            yield hf_name, tensor if dtype is None or local in buffers else tensor.to(dtype)

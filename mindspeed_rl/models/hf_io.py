@@ -32,7 +32,7 @@ METADATA_FILES = (
 _ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 
 
@@ -111,9 +111,29 @@ class HFCheckpointReader:
                 self._file_of[name] = path
                 self._info[name] = info
         self._handles: dict[Path, object] = {}
+        self._init_fp8()
+
+    def _init_fp8(self) -> None:
+        """An FP8 block-quantised checkpoint (`mindspeed_rl.models.fp8_weights`): each FP8
+        weight reads as its bf16 dequantisation; the ``*_scale_inv`` tensors are not listed."""
+        from mindspeed_rl.models import fp8_weights
+
+        self._fp8_block = fp8_weights.block_size(self.config)
+        self._fp8_scales: dict[str, str] = {}  # weight -> its scale tensor
+        if self._fp8_block is None:
+            return
+        suffix = fp8_weights.SCALE_SUFFIX
+        for name in self._file_of:
+            if name.endswith(suffix) and name[: -len(suffix)] in self._file_of:
+                self._fp8_scales[name[: -len(suffix)]] = name
+        for name in self._file_of:
+            if self.raw_dtype(name) in fp8_weights.FP8_DTYPES and name not in self._fp8_scales:
+                raise CheckpointError(f"{self._file_of[name]}: FP8 tensor {name!r} has no "
+                                      f"{name + suffix!r} (block scales) in the safetensors files")
 
     def names(self) -> list[str]:
-        return list(self._file_of)
+        hidden = set(self._fp8_scales.values())
+        return [n for n in self._file_of if n not in hidden]
 
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
@@ -124,11 +144,28 @@ class HFCheckpointReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._info[name]["shape"])
 
-    def dtype(self, name: str) -> torch.dtype:
+    def raw_dtype(self, name: str) -> torch.dtype:
+        """The dtype stored in the file."""
         return _ST_DTYPES[self._info[name]["dtype"]]
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype `get` returns (bf16 for a dequantised FP8 weight)."""
+        return torch.bfloat16 if name in self._fp8_scales else self.raw_dtype(name)
+
     def get(self, name: str) -> torch.Tensor:
-        """One tensor, read from its file."""
+        """One tensor (an FP8 block-quantised weight dequantised to bf16)."""
+        if name in self._fp8_scales:
+            from mindspeed_rl.models import fp8_weights
+
+            weight, scale = self._get_raw(name), self._get_raw(self._fp8_scales[name])
+            try:
+                return fp8_weights.dequantize(weight, scale, self._fp8_block)
+            except ValueError as exc:
+                raise CheckpointError(f"{self._file_of[name]}: tensor {name!r}: {exc}") from exc
+        return self._get_raw(name)
+
+    def _get_raw(self, name: str) -> torch.Tensor:
+        """One tensor as stored, read from its file."""
         from safetensors import safe_open
 
         if name not in self._file_of:
@@ -152,6 +189,18 @@ def copy_metadata_files(src_dir: str | os.PathLike, dst_dir: str | os.PathLike) 
             shutil.copy2(src, Path(dst_dir) / name)
             copied.append(name)
     return copied
+
+
+def drop_fp8_quantization(config_path: str | os.PathLike) -> bool:
+    """Remove an FP8 ``quantization_config`` from a copied config.json whose weights were
+    written dequantised (`HFCheckpointReader` reads FP8 checkpoints as bf16). True if removed."""
+    path = Path(config_path)
+    config = json.loads(path.read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") != "fp8":
+        return False
+    del config["quantization_config"]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return True
 
 
 def write_safetensors(out_dir: str | os.PathLike, tensors: Iterable[tuple[str, torch.Tensor]],

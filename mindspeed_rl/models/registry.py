@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from mindspeed_rl.models import llama, qwen2, qwen3, qwen3_moe
+from mindspeed_rl.models import deepseek_v3, llama, qwen2, qwen3, qwen3_moe
 from mindspeed_rl.models.architecture import ModelArchitecture
 
-ARCHITECTURES: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3_moe)}
+ARCHITECTURES: dict[str, ModuleType] = {m.NAME: m for m in (llama, qwen2, qwen3, qwen3_moe, deepseek_v3)}
 
 
 class UnsupportedArchitectureError(ValueError):

@@ -39,6 +39,19 @@ CONFIGS = {
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
                       num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    # DeepSeek-V3 (not in ARCHS: its own tests): MLA with YaRN, first layer dense, 8 routed
+    # experts in 2 groups (top-2 from 1 group), 1 shared expert. vLLM's CPU MLA kernel needs the
+    # latent size 576 (kv_lora_rank 512 + qk_rope_head_dim 64); vLLM creates the router's
+    # e_score_correction_bias only for topk_method noaux_tc.
+    "deepseek_v3": dict(
+        model_type="deepseek_v3", num_hidden_layers=3, num_key_value_heads=4, tie_word_embeddings=False,
+        q_lora_rank=32, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        n_routed_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2, n_shared_experts=1,
+        moe_intermediate_size=64, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        topk_method="noaux_tc", scoring_func="sigmoid",
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0,
+                             mscale=1.0, mscale_all_dim=0.8)),
 }
 
 
@@ -100,6 +113,9 @@ def make_tiny_hf_dir(arch: str, path, *, seed: int = 0, sequence_classification:
             p.copy_(0.1 * noise)
         else:
             p.copy_(0.08 * noise)
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias: moves routes
+            b.copy_(0.2 * torch.randn(b.shape, generator=g))
     model.save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path

@@ -130,7 +130,8 @@ class WeightMap:
 
     def __init__(self, rules: Iterable[Rule], geometry: AttentionGeometry, *, num_layers: int,
                  moe_layers: tuple[bool, ...] | None = None, num_experts: int = 0,
-                 tie_embeddings: bool = False, ignored_hf: tuple[str, ...] = ()):
+                 tie_embeddings: bool = False, ignored_hf: tuple[str, ...] = (),
+                 skipped_hf: Mapping[str, str] | None = None):
         self.rules = tuple(rules)
         self.geometry = geometry
         self.num_layers = num_layers
@@ -140,6 +141,9 @@ class WeightMap:
         # HF tensors that carry no information for megatron (rotary caches, the tied lm_head).
         self.ignored_hf_patterns = tuple(ignored_hf)
         self._ignored_hf = tuple(re.compile(p) for p in ignored_hf)
+        # HF tensors that carry information megatron does not use (pattern -> why): ignored
+        # like the above, but the converters say once that they were skipped.
+        self._skipped_hf = {re.compile(p): why for p, why in (skipped_hf or {}).items()}
         self._entries: dict[str, tuple[Rule, tuple[str, ...]]] = {}
         for rule in self.rules:
             for layer, expert in self._instances(rule):
@@ -174,7 +178,12 @@ class WeightMap:
         return list(self._hf_to_mg)
 
     def is_ignored_hf(self, hf_name: str) -> bool:
-        return any(p.fullmatch(hf_name) for p in self._ignored_hf)
+        return (any(p.fullmatch(hf_name) for p in self._ignored_hf)
+                or self.skipped_hf_reason(hf_name) is not None)
+
+    def skipped_hf_reason(self, hf_name: str) -> str | None:
+        """Why an HF tensor is skipped (None: it is not one of the skipped ones)."""
+        return next((why for p, why in self._skipped_hf.items() if p.fullmatch(hf_name)), None)
 
     def tp_dim(self, megatron_name: str) -> int | None:
         """The dimension megatron splits across TP ranks (None: replicated)."""

@@ -313,7 +313,18 @@ def _patch_distrib_optimizer(mod: types.ModuleType) -> None:
     mod.DistributedOptimizer.load_state_dict = load_state_dict
 
 
+def _patch_multi_latent_attention(mod: types.ModuleType) -> None:
+    # multi_latent_attention sets HAVE_TE = True when megatron.core.extensions.transformer_engine
+    # imports, which it does without Transformer Engine (it hands back stand-ins); MLASelfAttention
+    # then fails on isinstance(self.linear_proj, TELinear). Without the real package, say so.
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        mod.HAVE_TE = False
+
+
 _MODULE_PATCHES: dict[str, Callable[[types.ModuleType], None]] = {
+    "megatron.core.transformer.multi_latent_attention": _patch_multi_latent_attention,
     "megatron.core.tensor_parallel.random": _patch_random,
     "megatron.core.transformer.torch_norm": _patch_torch_norm,
     "megatron.core.transformer.moe.moe_utils": _patch_moe_utils,

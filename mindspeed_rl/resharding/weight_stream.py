@@ -78,7 +78,7 @@ class WeightStream:
     def __init__(self, model, weight_map, groups: TrainingGroups, bucket_bytes: int,
                  ledger: ByteLedger, device: torch.device,
                  source: Callable[[torch.Tensor], torch.Tensor] = lambda p: p) -> None:
-        from mindspeed_rl.models.builder import global_parameter_names
+        from mindspeed_rl.models.builder import global_parameter_names, global_weight_buffer_names
 
         if bucket_bytes <= 0:
             raise ReshardingError(
@@ -87,6 +87,9 @@ class WeightStream:
         self.bucket_bytes, self.ledger, self.device, self.source = bucket_bytes, ledger, device, source
         names = global_parameter_names(model)
         self.local = {g: model.get_parameter(n) for n, g in names.items()}
+        # Weight buffers (DeepSeek-V3's router expert bias, updated by megatron outside the
+        # optimizer) go to vLLM with the parameters.
+        self.local.update({g: model.get_buffer(n) for n, g in global_weight_buffer_names(model).items()})
         # LoRA: the backbone weight of each adapted linear -> its module; the stream sends
         # W + (alpha / r) B A, the backbone itself stays unmerged for training.
         from mindspeed_rl.models.lora import adapted_modules

@@ -191,10 +191,10 @@ def build_reference(section, env: RoleEnv, policy, start, actor_load, *, timeout
             weight_source.load_weights(ref, env.arch, source)
     else:
         ref = build_policy_model(env.arch, **env.model_options)
-        if source is start:
-            with torch.no_grad():
-                for p_ref, p in zip(ref.parameters(), policy.parameters()):
-                    p_ref.copy_(p)
+        if source is start:  # parameters and weight buffers (DeepSeek-V3's router bias)
+            from mindspeed_rl.models.builder import copy_model_weights
+
+            copy_model_weights(ref, policy)
         else:
             weight_source.load_weights(ref, env.arch, source)
     ref.requires_grad_(False)

@@ -273,6 +273,10 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
         mask[j, r_start:r_start + len(r)] = 1.0
         if routing is not None:
             t = routes[i].shape[0]
+            if t > n - 1:
+                raise ValueError(f"row {i}: routing of {t} tokens for {n - 1} fed ones (prompt "
+                                 "+ response - 1): the routed_experts column is out of step "
+                                 "with the tokens")
             routing[j, start:start + t] = routes[i].long()
         for name, values in batch.extras.items():
             if name == ROUTING:

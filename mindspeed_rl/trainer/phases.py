@@ -81,7 +81,7 @@ def rollout(ctx: PhaseContext) -> dict[str, float]:
                       ctx.roles.actor.weight_version, seeds)
     SingleTurn(ctx.roles.rollout, ctx.config.sampling_config,
                show_progress=me.rank == 0).fresh(rows, n, seeds)
-    names = row_columns(partial=False, multi_turn=False)
+    names = row_columns(partial=False, multi_turn=False, routing=ctx.rl.router_replay == "R3")
     ctx.flow.put_rows(columns_of(rows, names) if me.is_gen_writer else {}, group_size=n)
     lengths = [float(len(r.t.tokens)) for r in rows]
     prompt_tokens = sum(len(r.t.prompt) for r in rows) if me.is_gen_writer else 0

@@ -39,7 +39,7 @@ def _parse(argv=None):
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--topk", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--lr", type=float, default=0.05, help="the optimizer step's learning rate")
+    p.add_argument("--lr", type=float, default=1e-3, help="the optimizer step's learning rate")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

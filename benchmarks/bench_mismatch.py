@@ -104,7 +104,7 @@ def _training(hf_dir: str, args, rows, rollout_lp, rollout_routes) -> dict:
         cols = {"advantages": adv, "logprobs_old": logp}
         if mode != "none":
             cols[ROUTING] = old_routes
-        rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0)
+        rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0, router_replay=mode)
         actor.update(RowBatch(prompts, responses, cols), spec, rl, kl_coef=0.0,
                      vocab_size=arch.vocab_size)
         if mode == "none":  # the next micro-step routes afresh: compare with the old pass

@@ -70,7 +70,7 @@ def _worker(hf_dir: str):
         adv = [torch.randn(len(r), generator=g) for r in responses]
         rows = RowBatch(prompts, responses, {"advantages": adv, "logprobs_old": logp_old,
                                              ROUTING: routes})
-        rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0)
+        rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0, router_replay="R2")
         steps = []
         for spec in (padded, padded, packed):
             stats = actor.update(rows, spec, rl, kl_coef=0.0, vocab_size=arch.vocab_size)

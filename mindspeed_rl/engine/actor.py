@@ -83,7 +83,12 @@ class MegatronActor(TrainableModel):
                                     norm_length=norm_length, temperature=temperature,
                                     is_norm=is_norm)
         micro = micro_batches_for(self.model, batch, micro_batch_size)
-        routing = RouterReplayer(self.model, REPLAY) if ROUTING in batch.extras else None
+        # every rank replays alike (an empty share too: the metrics are a collective)
+        replay = getattr(rl, "router_replay", "none") != "none"
+        if ROUTING in batch.extras and not replay:
+            raise ValueError("the routed_experts column reached an update with "
+                             "rl_config.router_replay: none")
+        routing = RouterReplayer(self.model, REPLAY) if replay else None
         try:
             out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
                                                  forward_only=False, routing=routing),

@@ -92,9 +92,12 @@ class RouterReplayer:
             for r in self.routers:
                 r.router_replay.set_router_replay_action(A.RECORD)
             return
-        if mb.routing is None:
+        if mb.routing is None and mb.num_real_rows:
             raise RouterReplayError("rl_config.router_replay: a micro-batch without the "
                                     "routed_experts column reached a replaying pass")
+        b, S = mb.tokens.shape
+        if mb.routing is None:  # no rows here (a rank with an empty share): padding only
+            mb.routing = torch.full((b, S, len(self.routers), self.topk), -1, dtype=torch.long)
         routes = self._filled(mb.routing)  # [b, S, L, k]
         for k, r in enumerate(self.routers):
             target = self._local(routes[:, :, k].transpose(0, 1).contiguous())  # [S_loc, b, k]
@@ -113,8 +116,9 @@ class RouterReplayer:
             for row, j, start, t in _row_places(mb):
                 self.rows[row] = chosen[j, start:start + t].to(dtype).clone()
             return
-        known = mb.routing[:, :, 0, 0] >= 0 if mb.routing.numel() else \
-            torch.zeros(b, S, dtype=torch.bool)
+        if mb.routing.numel() == 0:  # no rows in this micro-batch: nothing to compare
+            return
+        known = mb.routing[:, :, 0, 0] >= 0
         expected = _one_hot(mb.routing.clamp(min=0), self.num_experts)  # [b, S, L, E]
         for k, used in enumerate(self._maps):
             if used is None:

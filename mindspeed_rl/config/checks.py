@@ -35,6 +35,7 @@ def check_job(config: RLJobConfig) -> None:
     _check_ranges(config)
     _check_dapo(config)   # before the group-size check: its message names the DAPO key
     _check_rollout_correction(config)
+    _check_router_replay(config)
     _check_algorithm(config)
     _check_roles(config)
     _check_lengths(config)
@@ -309,6 +310,37 @@ def _check_rollout_correction(config: RLJobConfig) -> None:
              "steps (global_batch_size / mini_batch_size x epochs) lags its own fresh rows: "
              "every iteration would drop them", f"use at least {steps - 1}, or fewer "
              "optimizer steps per iteration")
+
+
+def _check_router_replay(config: RLJobConfig) -> None:
+    """MoE routing replay: a MoE model, and a layout and platform where the routes can be
+    recorded and replayed (megatron-core's RouterReplay; R3 also vLLM's routers, in process)."""
+    rl, m, actor = config.rl_config, config.model, config.actor_config
+    mode = rl.router_replay
+    if mode == "none":
+        return
+    _require(m.is_moe, "rl_config.router_replay", mode,
+             f"replays the experts of a MoE model, and {m.model_type} has none",
+             "set router_replay: none for a dense model")
+    for key, value in (("pipeline_model_parallel_size", actor.pipeline_model_parallel_size),
+                       ("context_parallel_size", actor.context_parallel_size)):
+        _require(value == 1, "rl_config.router_replay", mode,
+                 f"routes are laid out per micro-batch on one stage and one context-parallel "
+                 f"rank here, and actor_config.{key}={value}",
+                 f"set router_replay: none, or actor_config.{key}: 1")
+    if mode == "R3":
+        from mindspeed_rl.platform.platform import detected_device_type
+
+        device = detected_device_type()
+        _require(device in ("cpu", "cuda"), "rl_config.router_replay", mode,
+                 f"records vLLM's routed experts through vLLM's in-process routers "
+                 f"(BaseRouter.set_capture_fn), which the {device} engine (vllm-ascend) does "
+                 "not provide", "use router_replay: R2 (training-side replay) on this platform")
+        _require(not config.generate_config.enable_prefix_caching,
+                 "generate_config.enable_prefix_caching", True,
+                 "router_replay: R3 records the experts of every prompt token as vLLM computes "
+                 "them, and a cached prefix is not computed again",
+                 "set enable_prefix_caching: false with router_replay: R3")
 
 
 def _check_dapo(config: RLJobConfig) -> None:

@@ -339,6 +339,9 @@ def read_model_spec(path: Path, is_hf_dir: bool, *,
                               "restore the file from the model's release", value=str(path)) from None
         _merge_job_architecture(raw, job_architecture, config_json, notices, hf_names=True,
                                 fill=False)
+        # transformers 5 writes Qwen3-MoE's (and Mixtral's) expert count as num_local_experts
+        if "num_experts" not in raw and raw.get("num_local_experts"):
+            raw["num_experts"] = raw["num_local_experts"]
         # config.json is the HF library's file: many keys (token ids, dtypes...) are none of
         # our business, so unknown keys are ignored here (never in a model yaml).
         return build_section(ModelSpec, raw, "model", ignore_unknown=True,

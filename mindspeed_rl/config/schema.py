@@ -357,6 +357,13 @@ class RLConfig:
         "older than the ones an optimizer step trains stays out of its loss (counted in "
         "staleness/over_bound_token_fraction); at least the optimizer steps per iteration - "
         "1; null = only partial_rollout_max_split's bound in iterations"))
+    router_replay: Literal["none", "R2", "R3"] = setting("none", (
+        "MoE routing replay (verl's router_replay.mode values; docs/algorithms.md \"Routing "
+        "replay\"): R2 records the experts the old-log-prob pass chose and replays them in "
+        "every update micro-step; R3 records the experts vLLM chose during rollout and replays "
+        "them in the old-log-prob, reference and update passes; the router weights are "
+        "recomputed either way (the router keeps its gradient); none = every pass routes "
+        "afresh"))
     partial_rollout_max_split: int = setting(1, (
         "partial rollout (MindSpeed-RL's key): N > 1 stops long responses early and continues "
         "them in later iterations, so every response is complete within N rollout passes and "

@@ -17,8 +17,9 @@ from mindspeed_rl.algorithms import (OFF_POLICY_IS_THRESHOLD, agg_loss,
                                      default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
                                      off_policy_is_weights, policy_loss, truncated_is_weights)
 from mindspeed_rl.engine.context_parallel import ContextParallelOutputs
-from mindspeed_rl.engine.micro_batches import MicroBatch, MicroBatching, RowBatch
+from mindspeed_rl.engine.micro_batches import ROUTING, MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.engine.optim import TrainableModel
+from mindspeed_rl.engine.router_replay import REPLAY, RouterReplayer, routing_metrics
 from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
                                            reduce_sums_once_per_dp_rank, run_schedule,
                                            tp_reductions)
@@ -82,11 +83,24 @@ class MegatronActor(TrainableModel):
                                     norm_length=norm_length, temperature=temperature,
                                     is_norm=is_norm)
         micro = micro_batches_for(self.model, batch, micro_batch_size)
-        out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
-                                             forward_only=False), objective.sums.values)
+        # every rank replays alike (an empty share too: the metrics are a collective)
+        replay = getattr(rl, "router_replay", "none") != "none"
+        if ROUTING in batch.extras and not replay:
+            raise ValueError("the routed_experts column reached an update with "
+                             "rl_config.router_replay: none")
+        routing = RouterReplayer(self.model, REPLAY) if replay else None
+        try:
+            out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
+                                                 forward_only=False, routing=routing),
+                            objective.sums.values)
+        finally:
+            if routing is not None:
+                routing.finish()
         self.weight_version += int(out["update_ok"])  # a skipped step leaves the weights
         stats = objective.reduced()
         stats.update(out)
+        if routing is not None:
+            stats.update(routing_metrics(routing))
         return stats
 
     def _check_on_policy(self, batch: RowBatch) -> None:
@@ -308,9 +322,11 @@ def response_entropy(logits: "torch.Tensor | ContextParallelOutputs", vocab_size
 
 def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatching,
                      vocab_size: int, with_entropy: bool = False, *,
-                     temperature: float = 1.0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                     temperature: float = 1.0,
+                     routing=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-row response log-probs (and entropies) on every rank of the model's DP group,
-    of the policy at ``temperature`` (the rollout's sampling temperature).
+    of the policy at ``temperature`` (the rollout's sampling temperature). ``routing``: a
+    ``RouterReplayer`` recording or replaying the MoE routing (``engine/router_replay.py``).
 
     Returns ``([R_i] per row, [R_i] per row)`` (entropies are zeros unless ``with_entropy``).
     """
@@ -320,5 +336,6 @@ def forward_logprobs(model, batch: RowBatch, micro_batch_size: int | MicroBatchi
                else torch.zeros_like(logp))
         return logp, ent
 
-    out = forward_rows(model, batch, micro_batch_size, ("logp", "entropy"), per_token)
+    out = forward_rows(model, batch, micro_batch_size, ("logp", "entropy"), per_token,
+                       routing=routing)
     return out["logp"], out["entropy"]

@@ -34,8 +34,12 @@ from mindspeed_rl.config.plan import MicroBatching
 # A per-token row extra of 1s and 0s: the response tokens the loss covers (multi-turn's
 # ``response_mask`` column); the micro-batch's ``mask`` is 0 where it is 0.
 LOSS_MASK = "response_mask"
+# A per-row extra ``[T, L, k]`` (T = prompt + response - 1 tokens): the experts each token
+# was routed to in each MoE layer (``algorithms/routing.py``); laid out along the sequence
+# as ``MicroBatch.routing``, not along the response.
+ROUTING = "routed_experts"
 
-__all__ = ["LOSS_MASK", "MicroBatch", "MicroBatching", "RowBatch", "build_micro_batch", "make_micro_batches",
+__all__ = ["LOSS_MASK", "ROUTING", "MicroBatch", "MicroBatching", "RowBatch", "build_micro_batch", "make_micro_batches",
            "min_micro_batches", "plan_micro_batches"]
 
 @dataclass
@@ -80,6 +84,9 @@ class MicroBatch:
     num_tokens: int = 0  # real response tokens (what a token-mean loss divides by)
     real_tokens: int = 0  # real prompt + response tokens
     computed_tokens: int = 0  # b x S: the positions the model runs
+    # [b, S, L, k] int64 experts to replay per position and MoE layer; -1 where the row
+    # has none (padding, a row's last token): engine/router_replay.py fills those
+    routing: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -243,7 +250,11 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
     response_ids = torch.full((b, R), pad_id, dtype=torch.long)
     response_index = torch.zeros((b, R), dtype=torch.long)
     mask = torch.zeros((b, R))
-    extras = {k: torch.zeros((b, R)) for k in batch.extras}
+    routes = batch.extras.get(ROUTING)
+    extras = {k: torch.zeros((b, R)) for k in batch.extras if k != ROUTING}
+    routing = None if routes is None else torch.full(
+        (b, S) + tuple(routes[rows[0]].shape[1:]) if rows else (b, S, 0, 0), -1,
+        dtype=torch.long)
     spans: list[tuple[int, int, int]] = []
     offset, r_offset = 0, 0  # packed: where the next row starts in S and in R
     for k, i in enumerate(rows):
@@ -260,7 +271,16 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
         response_index[j, r_start:r_start + len(r)] = torch.arange(start + len(p) - 1,
                                                                    start + n - 1)
         mask[j, r_start:r_start + len(r)] = 1.0
+        if routing is not None:
+            t = routes[i].shape[0]
+            if t > n - 1:
+                raise ValueError(f"row {i}: routing of {t} tokens for {n - 1} fed ones (prompt "
+                                 "+ response - 1): the routed_experts column is out of step "
+                                 "with the tokens")
+            routing[j, start:start + t] = routes[i].long()
         for name, values in batch.extras.items():
+            if name == ROUTING:
+                continue
             v = values[i].float()
             extras[name][j, r_start:r_start + len(r)] = v if v.numel() == len(r) else \
                 v.expand(len(r))
@@ -277,7 +297,7 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
     return MicroBatch(tokens, positions, response_index, response_ids, mask, extras, len(rows),
                       rows, spans, segments, list(zip(plen, rlen)), num_tokens=int(mask.sum()),
                       real_tokens=real,
-                      computed_tokens=b * S)
+                      computed_tokens=b * S, routing=routing)
 
 
 def make_micro_batches(batch: RowBatch, micro_batching: "int | MicroBatching",

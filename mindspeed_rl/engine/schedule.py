@@ -93,12 +93,14 @@ def micro_batches_for(model, batch: RowBatch,
 
 
 def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable,
-                 forward_only: bool):
+                 forward_only: bool, routing=None):
     """Run micro-batches through megatron's schedule.
 
     ``loss_fn(outputs [b, R, ...], mb)`` receives each micro-batch's outputs at its
     response positions (vocabulary logits ``[b, R, V/tp]``, or values ``[b, R]``)
-    and returns megatron's ``(loss, num_tokens, reported)``.
+    and returns megatron's ``(loss, num_tokens, reported)``. ``routing``: a
+    ``RouterReplayer`` (``engine/router_replay.py``) that records or replays each
+    micro-batch's MoE routing around its forward.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -115,8 +117,13 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
             packing.done()
             return out, lambda o: loss_fn(ContextParallelOutputs(o, mb, index), mb)
         hook.index = mb.response_index
+        if routing is not None:
+            routing.before_forward(mb)
         out = _model(mb.tokens, mb.positions, **packing.arguments(mb))  # [b, R or S(, V/tp)]
         packing.done()
+        if routing is not None:
+            routing.after_forward(mb)
+            routing.before_backward()
         if not hook.enabled and model.post_process:
             index = mb.response_index
             if out.dim() == 3:  # vocabulary logits; a scalar head gives [b, S]
@@ -143,7 +150,7 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
 def forward_rows(model, batch: RowBatch, micro_batching: "int | MicroBatching",
                  names: tuple[str, ...],
                  per_token: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, ...]],
-                 position_shift: int = 0) -> dict[str, list[torch.Tensor]]:
+                 position_shift: int = 0, routing=None) -> dict[str, list[torch.Tensor]]:
     """Forward-only: ``per_token(outputs, mb)`` gives one ``[b, R]`` tensor per name on the
     last pipeline stage; returns ``{name: [R_i] per row}`` on every rank of the DP rank
     (broadcast over the pipeline group; TP peers compute the same values).
@@ -163,7 +170,7 @@ def forward_rows(model, batch: RowBatch, micro_batching: "int | MicroBatching",
     micro = micro_batches_for(model, batch, micro_batching)
     for mb in micro:
         mb.response_index += position_shift * mb.mask.long()
-    run_schedule(model, model, micro, loss_fn, forward_only=True)
+    run_schedule(model, model, micro, loss_fn, forward_only=True, routing=routing)
     lengths = [len(r) for r in batch.responses]
     starts = [0] * len(batch)
     for i in range(1, len(batch)):

@@ -98,6 +98,12 @@ def _detect() -> str:
     return "cpu"
 
 
+def detected_device_type() -> str:
+    """The device a launch here would run on ("npu", "cuda" or "cpu"), without setting it up
+    (the dry run's platform-dependent checks)."""
+    return _detect()
+
+
 def _setup_npu() -> None:
     _import_or_explain(
         "torch_npu",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from mindspeed_rl.agent_tools.parser import ParseResult, truncate
+from mindspeed_rl.algorithms.routing import carry_routing
 
 _MARK = "\u2063MSRL-CONTENT\u2063"  # a probe message's content: found back in the rendered text
 
@@ -118,14 +119,22 @@ class Trajectory:
     pass_left: int | None = None
     paused: bool = False
     open_turn: int = -1
+    # Routing replay R3: [prompt + tokens fed, MoE layers, k], the experts of every token the
+    # engine fed, each from the pass that first fed it (algorithms/routing.py)
+    routing: "torch.Tensor | None" = None
 
     @property
     def model_tokens(self) -> int:
         return sum(self.mask)
 
-    def add_model_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> int:
+    def add_model_turn(self, token_ids: Sequence[int], logprobs: Sequence[float],
+                       routing=None) -> int:
         """Append model tokens: a new turn, or more of the open one; returns the turn's
-        first token."""
+        first token. ``routing``: the engine's routes of this request (prompt + tokens so
+        far, then the new ones), carried after the earlier ones."""
+        if routing is not None:
+            self.routing = routing if self.routing is None else \
+                carry_routing(self.routing, routing)
         start = self.open_turn if self.open_turn >= 0 else len(self.tokens)
         if self.open_turn < 0:
             self.turns += 1
@@ -268,7 +277,8 @@ def _model_turn(t: Trajectory, completion, limits: AgentLimits, parse, decode,
                 max_tokens: int) -> ParseResult | None:
     """Append a model turn (or the rest of the open one); the tool calls the turn wrote, or
     None when the trajectory is done or paused."""
-    start = t.add_model_turn(completion.token_ids, completion.logprobs)
+    start = t.add_model_turn(completion.token_ids, completion.logprobs,
+                             getattr(completion, "routed_experts", None))
     # A turn cut at max_tokens still runs the calls it wrote (as MindSpeed-RL and verl do);
     # the template then closes the turn itself (glue, mask 0).
     t.finish_reason = completion.finish_reason or "length"

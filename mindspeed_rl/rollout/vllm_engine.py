@@ -37,6 +37,9 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # len == len(token_ids)
     finish_reason: str | None = None
+    # [prompt + len(token_ids) - 1, MoE layers, top-k]: the experts of every token the engine
+    # fed (engines built with record_routing; rollout/routed_experts.py)
+    routed_experts: torch.Tensor | None = None
 
 
 @dataclass
@@ -327,7 +330,8 @@ class RolloutEngine:
                  enforce_eager: bool = True, dtype: str = "float32", seed: int = 1234,
                  load_format: str = "auto", device_type: str = "cpu",
                  enable_prefix_caching: bool = True, enable_expert_parallel: bool = False,
-                 infer_expert_parallel_size: int = 1, expert_map_path: str | None = None) -> None:
+                 infer_expert_parallel_size: int = 1, expert_map_path: str | None = None,
+                 record_routing: bool = False) -> None:
         world = _check_world_and_model(model_dir, infer_tensor_parallel_size)
         expert_kwargs = {**_expert_parallel_kwargs(enable_expert_parallel,
                                                    infer_expert_parallel_size,
@@ -350,6 +354,28 @@ class RolloutEngine:
         self.llm = _build_llm(kwargs, device_type)
         self._asleep = False
         self._next_request = 0  # request ids of generate_stepwise
+        self.routing = self._routing_recorder() if record_routing else None
+        self._prompt_lengths: dict[str, int] = {}  # add_request's, for step's routing
+
+    def _routing_recorder(self):
+        """Record each request's routed experts (router_replay R3) on this in-process
+        engine's model runner."""
+        from mindspeed_rl.rollout.routed_experts import RoutedExpertsRecorder
+
+        made = self.llm.collective_rpc(lambda worker: RoutedExpertsRecorder(worker.model_runner))
+        return made[0]
+
+    def _attach_routing(self, completion: Completion, request_id: str, prompt_len: int) -> None:
+        if self.routing is None:
+            return
+        routes = self.routing.pop(request_id)
+        fed = prompt_len + len(completion.token_ids) - 1
+        if routes.shape[0] < fed:
+            from mindspeed_rl.rollout.routed_experts import RoutedExpertsError
+
+            raise RoutedExpertsError(f"request {request_id!r}: routing of {routes.shape[0]} "
+                                     f"tokens for {fed} fed")
+        completion.routed_experts = routes[:fed]
 
     @classmethod
     def from_config(cls, config, model_dir: str, *, device_type: str) -> "RolloutEngine":
@@ -366,7 +392,8 @@ class RolloutEngine:
                    enable_prefix_caching=gen.enable_prefix_caching,
                    enable_expert_parallel=gen.enable_expert_parallel,
                    infer_expert_parallel_size=gen.infer_expert_parallel_size,
-                   expert_map_path=gen.expert_map_path)
+                   expert_map_path=gen.expert_map_path,
+                   record_routing=config.rl_config.router_replay == "R3")
 
     # ---- generation -------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingConfig,
@@ -391,6 +418,10 @@ class RolloutEngine:
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
                                     params, use_tqdm=use_tqdm and verbose())
         result = RolloutResult([[_completion(c) for c in out.outputs] for out in outputs])
+        for p, out, group in zip(prompts, outputs, result.completions):
+            for c, completion in zip(out.outputs, group):  # parallel sampling's child ids
+                rid = f"{c.index}_{out.request_id}" if n > 1 else out.request_id
+                self._attach_routing(completion, rid, len(p))
         check_finite_logprobs(result, self.dp_rank)
         return result
 
@@ -437,6 +468,8 @@ class RolloutEngine:
             if stop(finished):
                 break
         engine.abort_request([rid for rid, done in zip(ids, finished) if not done])
+        for rid, prompt in zip(ids, prompts):
+            self._attach_routing(got[rid], rid, len(prompt))
         result = RolloutResult([[got[rid]] for rid in ids])
         check_finite_logprobs(result, self.dp_rank)
         return result
@@ -456,6 +489,7 @@ class RolloutEngine:
         param.output_kind = RequestOutputKind.FINAL_ONLY
         rid = f"msrl-req-{self._next_request}"
         self._next_request += 1
+        self._prompt_lengths[rid] = len(prompt)
         self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), param)
         return rid
 
@@ -464,6 +498,8 @@ class RolloutEngine:
         completions."""
         done = [(out.request_id, _completion(out.outputs[0]))
                 for out in self.llm.llm_engine.step() if out.finished]
+        for rid, completion in done:
+            self._attach_routing(completion, rid, self._prompt_lengths.pop(rid, 0))
         check_finite_logprobs(RolloutResult([[c] for _, c in done]), self.dp_rank)
         return done
 

@@ -8,7 +8,8 @@ log-probs, the ``finish_reason``, the ``weight_version`` that generated each row
 and its ``group_id`` / ``sample_idx``.
 
 Shapes are per row: ``[P]`` prompt tokens, ``[R]`` response tokens, ``[V]`` one value per
-verifier, ``[]`` one value.
+verifier, ``[]`` one value, ``[T, L, k]`` for each of the row's first T = P + R - 1 tokens,
+each MoE layer, the top-k experts.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ class Column:
     consumers: tuple[str, ...]
     doc: str
     feature: str = ""  # stored only when this feature is on (e.g. "partial_rollout")
+    other_dtypes: tuple[torch.dtype, ...] = ()  # also accepted (a larger integer type)
 
     @property
     def ndim(self) -> int:
-        return 0 if self.shape == "[]" else 1
+        return 0 if self.shape == "[]" else self.shape.count(",") + 1
+
+    def accepts(self, dtype: torch.dtype) -> bool:
+        return dtype == self.dtype or dtype in self.other_dtypes
 
 
 # finish_reason codes (vLLM's finish reasons; "partial" is reserved for rows whose
@@ -50,6 +55,7 @@ _FORWARDS = (names.REWARD_MODEL, names.VALUES, names.OLD_LOG_P, names.REFERENCE_
 _R = (names.ROLLOUT,)
 PARTIAL_ROLLOUT = "partial_rollout"  # rl_config.partial_rollout_max_split > 1
 MULTI_TURN = "multi_turn"  # rl_config.multi_turn_enable
+ROUTER_REPLAY = "router_replay"  # rl_config.router_replay R2 or R3
 COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("prompt_ids", torch.int64, "[P]", _R,
            _R + _FORWARDS + (names.CRITIC_UPDATE, names.UPDATE), "prompt token ids"),
@@ -69,6 +75,12 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
            _R + (names.ADV, names.DISTILL_ADV, names.UPDATE),
            "multi-turn: 1 on the model's own tokens, 0 on tool responses and template glue "
            "(the loss, its token counts, KL and entropy cover only the 1s)", MULTI_TURN),
+    Column("routed_experts", torch.uint8, "[T, L, k]", _R + (names.OLD_LOG_P,),
+           _R + (names.OLD_LOG_P, names.REFERENCE_MODEL, names.UPDATE),
+           "routing replay: the experts each token was routed to in each MoE layer (R3: by "
+           "vLLM during rollout, carried across partial-rollout segments and turns; R2: by "
+           "the old-log-prob pass), replayed by the passes that read it; uint8, or int16 / "
+           "int32 for more than 256 experts", ROUTER_REPLAY, (torch.int16, torch.int32)),
     Column("tool_calls", torch.int64, "[]", _R, _R + (names.REWARD,),
            "multi-turn: tool calls the trajectory made (retool_reward's bonus)", MULTI_TURN),
     Column("prompt_index", torch.int64, "[]", _R, _R + (names.REWARD,),

@@ -58,7 +58,7 @@ class SampleFlow:
         for name, cells in columns.items():
             col = self._column(phase, name, "put")
             for cell in cells:
-                if cell.dtype != col.dtype or cell.dim() != col.ndim:
+                if not col.accepts(cell.dtype) or cell.dim() != col.ndim:
                     raise ContractError(
                         f"phase {phase!r} put column {name!r} as {cell.dtype} {cell.dim()}-D, "
                         f"but the contract declares {col.dtype} {col.shape}")

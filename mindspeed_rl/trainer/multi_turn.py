@@ -114,7 +114,7 @@ def multi_turn_rollout(ctx: PhaseContext) -> dict[str, float]:
                     ctx.config.sampling_config, stepwise=stepwise_turns(ctx.config))
     for r in rows:
         r.finish = FINISH_REASONS.index(r.t.finish_reason)
-    names = row_columns(partial=False, multi_turn=True)
+    names = row_columns(partial=False, multi_turn=True, routing=ctx.rl.router_replay == "R3")
     ctx.flow.put_rows(columns_of(rows, names) if me.is_gen_writer else {}, group_size=n)
     return _metrics(ctx, trajectories, prompts, stats.tool_seconds)
 

@@ -119,7 +119,8 @@ def _intake(ctx: PhaseContext, num_groups: int) -> None:
 
 def _names(ctx: PhaseContext) -> tuple[str, ...]:
     """Everything a continuation reads of a row, and writes back (with the new tokens)."""
-    return row_columns(partial=True, multi_turn=ctx.rl.multi_turn_enable)
+    return row_columns(partial=True, multi_turn=ctx.rl.multi_turn_enable,
+                       routing=ctx.rl.router_replay == "R3")
 
 
 def _put(ctx: PhaseContext, rows: list[Row]) -> None:

@@ -35,7 +35,8 @@ from mindspeed_rl.trainer.rollout_rows import SingleTurn, columns_of, fresh_rows
 from mindspeed_rl.trainer.rollout_correction import (rollout_is_batch_mean, staleness_metrics,
                                                       version_lag)
 from mindspeed_rl.engine.critic import forward_scores, forward_values
-from mindspeed_rl.engine.micro_batches import RowBatch
+from mindspeed_rl.engine.micro_batches import ROUTING, RowBatch
+from mindspeed_rl.engine.router_replay import RECORD, REPLAY, RouterReplayer, RouterReplayError
 from mindspeed_rl.transfer_dock import DockBatch
 
 
@@ -80,7 +81,7 @@ def rollout(ctx: PhaseContext) -> dict[str, float]:
                       ctx.roles.actor.weight_version, seeds)
     SingleTurn(ctx.roles.rollout, ctx.config.sampling_config,
                show_progress=me.rank == 0).fresh(rows, n, seeds)
-    names = row_columns(partial=False, multi_turn=False)
+    names = row_columns(partial=False, multi_turn=False, routing=ctx.rl.router_replay == "R3")
     ctx.flow.put_rows(columns_of(rows, names) if me.is_gen_writer else {}, group_size=n)
     lengths = [float(len(r.t.tokens)) for r in rows]
     prompt_tokens = sum(len(r.t.prompt) for r in rows) if me.is_gen_writer else 0
@@ -402,30 +403,59 @@ def _padded(cells: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------
 # forward passes of the other roles
 # ---------------------------------------------------------------------------------------
+def _replayed(ctx: PhaseContext) -> tuple[str, ...]:
+    """The routing column a forward pass replays (routing replay R3: the rollout's)."""
+    return (ROUTING,) if ctx.rl.router_replay == "R3" else ()
+
+
 def old_logprobs(ctx: PhaseContext) -> dict[str, float]:
-    """The actor's log-probs before this iteration's first optimizer step."""
-    batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
-                         "train")
-    logp, _ = forward_logprobs(ctx.roles.actor.model, _rows(batch),
-                               ctx.batch.micro_batching[names.OLD_LOG_P], ctx.vocab_size,
-                               temperature=ctx.temperature)
-    ctx.flow.put(batch, {"logprobs_old": logp})
+    """The actor's log-probs before this iteration's first optimizer step; with routing
+    replay R2 also the experts this pass chose (replayed by the update), with R3 this pass
+    replays the rollout's."""
+    mode = ctx.rl.router_replay
+    batch = ctx.flow.get(["prompt_ids", "response_ids", *_replayed(ctx)],
+                         ctx.batch.responses_per_training_dp_rank, "train")
+    rows = _rows(batch, _replayed(ctx))
+    model = ctx.roles.actor.model
+    routing = None if mode == "none" else RouterReplayer(model, RECORD if mode == "R2"
+                                                         else REPLAY)
+    try:
+        logp, _ = forward_logprobs(model, rows, ctx.batch.micro_batching[names.OLD_LOG_P],
+                                   ctx.vocab_size, temperature=ctx.temperature,
+                                   routing=routing)
+    finally:
+        if routing is not None:
+            routing.finish()
+    out = {"logprobs_old": logp}
+    if mode == "R2":
+        out[ROUTING] = routing.recorded(len(rows))
+    ctx.flow.put(batch, out)
     return {}
 
 
 def reference_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The frozen reference's log-probs (the KL anchor), onloaded for this phase only."""
-    batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
-                         "train")
-    roles = ctx.roles
+    batch = ctx.flow.get(["prompt_ids", "response_ids", *_replayed(ctx)],
+                         ctx.batch.responses_per_training_dp_rank, "train")
+    roles, rows = ctx.roles, _rows(batch, _replayed(ctx))
     if roles.reference_layout is not None:  # ref_config's own TP x PP
+        if _replayed(ctx):
+            raise RouterReplayError("rl_config.router_replay=R3 replays the rollout's routing "
+                                    "in the reference's training layout only; remove "
+                                    "ref_config's own parallel sizes")
         logp = logprobs_in_own_layout(ctx, roles.reference, roles.reference_swap,
-                                      roles.reference_layout, ctx.vocab_size, _rows(batch))
+                                      roles.reference_layout, ctx.vocab_size, rows)
     else:
         with roles.reference_swap.resident():
-            logp, _ = forward_logprobs(roles.reference, _rows(batch),
-                                       ctx.batch.micro_batching[names.REFERENCE_MODEL],
-                                       ctx.vocab_size, temperature=ctx.temperature)
+            routing = RouterReplayer(roles.reference, REPLAY) if _replayed(ctx) else None
+            try:
+                logp, _ = forward_logprobs(roles.reference, rows,
+                                           ctx.batch.micro_batching[names.REFERENCE_MODEL],
+                                           ctx.vocab_size, temperature=ctx.temperature,
+                                           routing=routing)
+            finally:
+                if routing is not None:
+                    routing.finish()
     ctx.flow.put(batch, {"logprobs_ref": logp})
     return {}
 
@@ -477,6 +507,8 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
         extras.append("response_mask")
     if ctx.flow.carries("logprobs_old"):  # else on-policy: the update's own, detached
         extras.append("logprobs_old")
+    if rl.router_replay != "none":  # the routing every micro-step replays (R2: old pass's)
+        extras.append(ROUTING)
     partial = rl.partial_rollout_max_split > 1
     if partial:  # which tokens older weights generated: off-policy, importance-weighted
         extras += ["token_versions", "birth_iteration"]
@@ -501,7 +533,7 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
                 temperature=ctx.temperature, is_norm=rollout_is_batch_mean(rl, rows)))
     metrics = _mean_of_steps(steps, "actor")
     metrics.update({k[len("actor/"):]: metrics.pop(k) for k in list(metrics)
-                    if k.startswith("actor/rollout_corr/")})
+                    if k.startswith(("actor/rollout_corr/", "actor/routing/"))})
     metrics.update(staleness_metrics(lags))
     if partial:
         for key in ("off_policy_token_fraction", "off_policy_is_weight_mean"):

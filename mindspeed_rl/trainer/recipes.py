@@ -54,7 +54,8 @@ def _old_logprobs_needed(config, plan) -> bool:
     rl = config.rl_config
     return (plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
             or config.teacher_config is not None  # distillation: the student's log-probs
-            or (rl.rollout_is is not None and rl.rollout_is_batch_normalize))  # the batch's mean
+            or (rl.rollout_is is not None and rl.rollout_is_batch_normalize)  # the batch's mean
+            or rl.router_replay == "R2")  # routing replay R2 records this pass's experts
 
 
 # One line per phase: its function, whether it belongs to the generation round, and when

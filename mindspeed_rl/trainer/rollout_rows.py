@@ -23,6 +23,7 @@ from mindspeed_rl.rollout.agent_loop import Trajectory
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 
 PARTIAL = FINISH_REASONS.index("partial")
+ROUTED = "routed_experts"  # router_replay R3's column
 
 
 @dataclass
@@ -67,7 +68,9 @@ def rows_of(batch) -> list[Row]:
                        mask=mask, logprobs=batch["logprobs_rollout"][i].tolist(),
                        turns=_runs_of_ones(mask),
                        tool_calls=int(batch["tool_calls"][i]) if "tool_calls" in batch.columns
-                       else 0, done=finish != PARTIAL)
+                       else 0, done=finish != PARTIAL,
+                       routing=batch[ROUTED][i] if ROUTED in batch.columns
+                       and len(batch[ROUTED][i]) else None)
         if finish == PARTIAL and mask and mask[-1] == 1:  # cut inside a model turn
             t.open_turn = len(mask) - _trailing_ones(mask)
         rows.append(Row(t, prompt_index=int(batch["prompt_index"][i]),
@@ -80,14 +83,17 @@ def rows_of(batch) -> list[Row]:
     return rows
 
 
-def row_columns(*, partial: bool, multi_turn: bool) -> tuple[str, ...]:
-    """The columns a row is written as (and a carried row read back from)."""
+def row_columns(*, partial: bool, multi_turn: bool, routing: bool = False) -> tuple[str, ...]:
+    """The columns a row is written as (and a carried row read back from); ``routing``:
+    the engine's routed experts (router_replay R3)."""
     names = ["prompt_ids", "response_ids", "logprobs_rollout", "prompt_index",
              "finish_reason", "weight_version", "group_id", "sample_idx"]
     if multi_turn:
         names += ["response_mask", "tool_calls"]
     if partial:
         names += ["token_versions", "birth_iteration", "num_segments"]
+    if routing:
+        names.append(ROUTED)
     return tuple(names)
 
 
@@ -111,8 +117,21 @@ def columns_of(rows: list[Row], names: tuple[str, ...]) -> dict[str, list[torch.
         "num_segments": lambda: scalar(r.num_segments for r in rows),
         "group_id": lambda: scalar(r.group_id for r in rows),
         "sample_idx": lambda: scalar(r.sample_idx for r in rows),
+        ROUTED: lambda: [_routing_of(r) for r in rows],
     }
     return {name: every[name]() for name in names}
+
+
+def _routing_of(row: Row) -> torch.Tensor:
+    """The row's routes; ``[0, 0, 0]`` for a row no engine pass has fed yet (partial
+    rollout's unstarted rows)."""
+    if row.t.routing is None:
+        if row.t.tokens:
+            raise RuntimeError(f"router_replay R3: row of group {row.group_id} has tokens but "
+                               "no routing from the rollout engine (built without "
+                               "record_routing?)")
+        return torch.zeros((0, 0, 0), dtype=torch.uint8)
+    return row.t.routing
 
 
 def _runs_of_ones(mask: list[int]) -> int:
@@ -141,7 +160,7 @@ class SingleTurn:
                                       use_tqdm=self.show_progress)
         completions = [c for group in result.completions for c in group]
         for r, c in zip(rows, completions):
-            r.t.add_model_turn(c.token_ids, c.logprobs)
+            r.t.add_model_turn(c.token_ids, c.logprobs, c.routed_experts)
             r.finish = FINISH_REASONS.index(c.finish_reason or "stop")
 
     def resume(self, rows: list[Row], budgets: list[int], least: list[int], seeds: list[int],
@@ -160,7 +179,7 @@ class SingleTurn:
                                           use_tqdm=self.show_progress)
         for r, group in zip(rows, result.completions):
             c = group[0]
-            r.t.add_model_turn(c.token_ids, c.logprobs)
+            r.t.add_model_turn(c.token_ids, c.logprobs, c.routed_experts)
             r.finish = _finish(c.finish_reason, len(r.t.tokens), self.sampling.max_tokens)
 
 

@@ -384,13 +384,14 @@ def _ranks(rank: int, world: int, layout) -> Ranks:
 def _sample_flow(rl, phases, layout) -> SampleFlow:
     """The TransferDock of ``rl_config.transfer_dock_mode`` seen through the column contract
     of the algorithm's phases."""
-    from mindspeed_rl.trainer.columns import MULTI_TURN, PARTIAL_ROLLOUT
+    from mindspeed_rl.trainer.columns import MULTI_TURN, PARTIAL_ROLLOUT, ROUTER_REPLAY
     from mindspeed_rl.transfer_dock import build_transfer_dock
 
     dock = build_transfer_dock(rl.transfer_dock_mode,
                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s)
     features = ((PARTIAL_ROLLOUT,) if rl.partial_rollout_max_split > 1 else ()) + \
-        ((MULTI_TURN,) if rl.multi_turn_enable else ())
+        ((MULTI_TURN,) if rl.multi_turn_enable else ()) + \
+        ((ROUTER_REPLAY,) if rl.router_replay != "none" else ())
     return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow,
                       features=features)
 

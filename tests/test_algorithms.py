@@ -236,6 +236,21 @@ def test_value_loss_clipping():
     close(stats["vf_clipfrac"], 1.0)
 
 
+
+def test_value_clip_fraction_counts_only_values_outside_the_range():
+    """Inside [V_old - c, V_old + c] both branches are the same number, so no token counts
+    as clipped however V_old + (V - V_old) rounds (in fp32 it often differs from V)."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(1, 4096, generator=g) * 0.3
+    values_old = 0.5 * values + torch.randn(1, 4096, generator=g) * 0.15
+    returns = torch.randn(1, 4096, generator=g) * 3
+    inside = ((values - values_old).abs() < 0.2).float()  # the loss reads these tokens only
+    assert inside.sum() > 2000
+    loss, stats = value_loss(values, values_old, returns, inside, clip_range_value=0.2)
+    assert float(stats["vf_clipfrac"]) == 0.0
+    close(loss, 0.5 * ((values - returns).square() * inside).sum() / inside.sum())
+
+
 # ---- entropy and log-probs ----
 
 def test_entropy_uniform_and_peaked():

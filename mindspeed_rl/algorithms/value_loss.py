@@ -29,8 +29,11 @@ def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Te
         raise ValueError(f"values {tuple(values.shape)}, values_old {tuple(values_old.shape)}, "
                          f"returns {tuple(returns.shape)} and mask {tuple(mask.shape)} must "
                          "have one shape [batch, resp_len]")
-    values_clipped = values_old + torch.clamp(values - values_old, -clip_range_value,
-                                              clip_range_value)
+    # Clamped directly to [V_old - c, V_old + c] (verl's clip_by_value): inside the range it
+    # returns V_t itself, so the two branches tie exactly and vf_clipfrac counts only real
+    # clipping (V_old + clamp(V_t - V_old) rounds, and the comparison below flipped on noise).
+    values_clipped = torch.clamp(values, values_old - clip_range_value,
+                                 values_old + clip_range_value)
     losses_unclipped = (values - returns).square()
     losses_clipped = (values_clipped - returns).square()
     losses = 0.5 * torch.maximum(losses_unclipped, losses_clipped)

@@ -216,6 +216,23 @@ def _split_to(groups: list[list[int]], count: int, lengths: Sequence[int]) -> li
 # ---------------------------------------------------------------------------------------
 # layout: one group of rows -> one MicroBatch
 # ---------------------------------------------------------------------------------------
+def _routing_buffer(routes, rows: list[int], b: int, S: int) -> torch.Tensor:
+    """[b, S, MoE layers, top-k] expert ids of a micro-batch, -1 where no route is given."""
+    tail = tuple(routes[rows[0]].shape[1:]) if rows else (0, 0)
+    return torch.full((b, S) + tail, -1, dtype=torch.long)
+
+
+def _place_routing(sequence: torch.Tensor, route: torch.Tensor, row: int, start: int,
+                   n: int) -> None:
+    """Write one row's routed experts at its tokens (``n`` tokens from ``start``)."""
+    t = route.shape[0]
+    if t > n - 1:
+        raise ValueError(f"row {row}: routing of {t} tokens for {n - 1} fed ones (prompt "
+                         "+ response - 1): the routed_experts column is out of step "
+                         "with the tokens")
+    sequence[start:start + t] = route.long()
+
+
 def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
                       seq_len: int | None = None, resp_len: int | None = None,
                       num_sequences: int | None = None, pad_id: int = 0,
@@ -252,9 +269,7 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
     mask = torch.zeros((b, R))
     routes = batch.extras.get(ROUTING)
     extras = {k: torch.zeros((b, R)) for k in batch.extras if k != ROUTING}
-    routing = None if routes is None else torch.full(
-        (b, S) + tuple(routes[rows[0]].shape[1:]) if rows else (b, S, 0, 0), -1,
-        dtype=torch.long)
+    routing = None if routes is None else _routing_buffer(routes, rows, b, S)
     spans: list[tuple[int, int, int]] = []
     offset, r_offset = 0, 0  # packed: where the next row starts in S and in R
     for k, i in enumerate(rows):
@@ -272,12 +287,7 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
                                                                    start + n - 1)
         mask[j, r_start:r_start + len(r)] = 1.0
         if routing is not None:
-            t = routes[i].shape[0]
-            if t > n - 1:
-                raise ValueError(f"row {i}: routing of {t} tokens for {n - 1} fed ones (prompt "
-                                 "+ response - 1): the routed_experts column is out of step "
-                                 "with the tokens")
-            routing[j, start:start + t] = routes[i].long()
+            _place_routing(routing[j], routes[i], i, start, n)
         for name, values in batch.extras.items():
             if name == ROUTING:
                 continue

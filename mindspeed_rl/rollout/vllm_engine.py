@@ -339,8 +339,7 @@ class RolloutEngine:
                          **expert_map_kwargs(expert_map_path, device_type)}
         self.tensor_parallel_size = tp = infer_tensor_parallel_size
         self.dp_rank, self.dp_size = dist.get_rank() // tp, world // tp
-        self.device_type = device_type
-        self.max_model_len = max_model_len
+        self.device_type, self.max_model_len = device_type, max_model_len
         _prepare_process(model_dir, device_type, gpu_memory_utilization, world)
         kwargs = dict(
             model=model_dir, tensor_parallel_size=infer_tensor_parallel_size,
@@ -352,8 +351,7 @@ class RolloutEngine:
             **({"max_num_batched_tokens": max_num_batched_tokens}
                if max_num_batched_tokens else {}))
         self.llm = _build_llm(kwargs, device_type)
-        self._asleep = False
-        self._next_request = 0  # request ids of generate_stepwise
+        self._asleep, self._next_request = False, 0  # request ids of generate_stepwise
         self.routing = self._routing_recorder() if record_routing else None
         self._prompt_lengths: dict[str, int] = {}  # add_request's, for step's routing
 

@@ -152,18 +152,19 @@ def global_parameter_names(model, adapters: bool = False) -> dict[str, str]:
     num_experts = model.config.num_moe_experts or 0
     ep_size = ps.get_expert_model_parallel_world_size()
     expert_offset = ps.get_expert_model_parallel_rank() * (num_experts // ep_size) if num_experts else 0
-    names = {}
-    for local, _ in model.named_parameters():
-        if is_adapter_name(local) != adapters:
-            continue
-        parts = local.split(".")
-        if parts[:2] == ["decoder", "layers"]:
-            parts[2] = str(layer_index[int(parts[2])])
-            if "local_experts" in parts:
-                k = parts.index("local_experts") + 1
-                parts[k] = str(int(parts[k]) + expert_offset)
-        names[local] = ".".join(parts)
-    return names
+    return {local: _global_name(local, layer_index, expert_offset)
+            for local, _ in model.named_parameters() if is_adapter_name(local) == adapters}
+
+
+def _global_name(local: str, layer_index: dict[int, int], expert_offset: int = 0) -> str:
+    """A local parameter or buffer name with the global layer number and expert id."""
+    parts = local.split(".")
+    if parts[:2] == ["decoder", "layers"]:
+        parts[2] = str(layer_index[int(parts[2])])
+        if "local_experts" in parts:
+            k = parts.index("local_experts") + 1
+            parts[k] = str(int(parts[k]) + expert_offset)
+    return ".".join(parts)
 
 
 # Buffers that are model weights (in the weight map and in HF checkpoints): the router's expert
@@ -174,15 +175,8 @@ WEIGHT_BUFFERS = ("router.expert_bias",)
 def global_weight_buffer_names(model) -> dict[str, str]:
     """This rank's weight buffers (`WEIGHT_BUFFERS`) -> global names, as `global_parameter_names`."""
     layer_index = {i: layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
-    names = {}
-    for local, buf in model.named_buffers():
-        if buf is None or not local.endswith(WEIGHT_BUFFERS):
-            continue
-        parts = local.split(".")
-        if parts[:2] == ["decoder", "layers"]:
-            parts[2] = str(layer_index[int(parts[2])])
-        names[local] = ".".join(parts)
-    return names
+    return {local: _global_name(local, layer_index) for local, buf in model.named_buffers()
+            if buf is not None and local.endswith(WEIGHT_BUFFERS)}
 
 
 @torch.no_grad()

@@ -290,3 +290,17 @@ def test_the_dry_run_refuses_a_bad_deepseek_v3_layout_by_name(job, capsys, edit,
     assert main(["--config", str(path), "--dry-run", "--world-size", "384"]) == 2
     err = capsys.readouterr().err
     assert key in err, err
+
+
+def test_the_training_models_keep_the_per_sequence_balancing_loss(job):
+    """DeepSeek-V3's balancing loss is per sequence (seq_aux): with a weight the training
+    models get megatron's seq_aux_loss, not the batch-level aux_loss of Qwen3-MoE."""
+    from mindspeed_rl.models.training_options import training_model_options
+
+    config = load_config(job(), ["actor_config.moe_aux_loss_coeff=0.001"], check_data=False)
+    options = training_model_options(config)
+    assert (options["moe_router_load_balancing_type"], options["moe_aux_loss_coeff"]) == (
+        "seq_aux_loss", 0.001)
+    off = training_model_options(load_config(job(), ["actor_config.moe_aux_loss_coeff=0"],
+                                             check_data=False))
+    assert off["moe_router_load_balancing_type"] == "none"

@@ -48,8 +48,10 @@ def training_model_options(config) -> dict[str, Any]:
     if a.context_parallel_size > 1:  # ring or Ulysses: megatron's cp_comm_type
         options["context_parallel_algo"] = a.context_parallel_algo
     if config.model.is_moe:
+        # The family's balancing loss (per sequence for DeepSeek-V3), on when it has a weight.
+        balancing = "seq_aux_loss" if config.model.seq_aux else "aux_loss"
         options.update(moe_aux_loss_coeff=a.moe_aux_loss_coeff,
-                       moe_router_load_balancing_type="aux_loss" if a.moe_aux_loss_coeff
+                       moe_router_load_balancing_type=balancing if a.moe_aux_loss_coeff
                        else "none")
         if config.rl_config.router_replay != "none":  # every router gets a RouterReplay
             options["moe_enable_routing_replay"] = True

@@ -49,7 +49,8 @@ class RoutedExpertsRecorder:
         if not self.routers:
             raise RoutedExpertsError("rl_config.router_replay=R3: the rollout model has no "
                                      "vLLM MoE router to record")
-        self.num_experts = int(runner.model_config.hf_text_config.num_experts)
+        hf = runner.model_config.hf_text_config  # DeepSeek names its experts n_routed_experts
+        self.num_experts = int(getattr(hf, "num_experts", None) or hf.n_routed_experts)
         self._forward: list[torch.Tensor | None] = [None] * len(self.routers)
         self._scheduled = None
         self._chunks: dict[str, list[tuple[int, torch.Tensor]]] = {}
@@ -83,16 +84,17 @@ class RoutedExpertsRecorder:
             return  # a forward without MoE routing (profiling, warm-up)
         rows = torch.stack(self._forward, dim=1).to(routing_dtype(self.num_experts))
         batch = runner.input_batch
+        ids = batch.req_ids[:batch.num_reqs]
+        counts = [int(self._scheduled.num_scheduled_tokens.get(rid, 0)) for rid in ids]
+        if sum(counts) > rows.shape[0]:
+            raise RoutedExpertsError(f"the runner scheduled {sum(counts)} tokens but the "
+                                     f"routers saw {rows.shape[0]}")
         offset = 0
-        for i, rid in enumerate(batch.req_ids[:batch.num_reqs]):
-            n = int(self._scheduled.num_scheduled_tokens.get(rid, 0))
+        for i, (rid, n) in enumerate(zip(ids, counts)):
             if n:
                 start = int(batch.num_computed_tokens_cpu[i])
                 self._chunks.setdefault(rid, []).append((start, rows[offset:offset + n]))
             offset += n
-        if offset > rows.shape[0]:
-            raise RoutedExpertsError(f"the runner scheduled {offset} tokens but the routers "
-                                     f"saw {rows.shape[0]}")
 
     def pop(self, request_id: str) -> torch.Tensor:
         """``[tokens fed, L, k]`` of the request vLLM knows by ``request_id`` (our id; vLLM's

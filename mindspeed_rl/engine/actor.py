@@ -19,7 +19,7 @@ from mindspeed_rl.algorithms import (OFF_POLICY_IS_THRESHOLD, agg_loss,
 from mindspeed_rl.engine.context_parallel import ContextParallelOutputs
 from mindspeed_rl.engine.micro_batches import ROUTING, MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.engine.optim import TrainableModel
-from mindspeed_rl.engine.router_replay import REPLAY, RouterReplayer, routing_metrics
+from mindspeed_rl.engine.router_replay import REPLAY, replaying, routing_metrics
 from mindspeed_rl.engine.schedule import (forward_rows, micro_batches_for,
                                            reduce_sums_once_per_dp_rank, run_schedule,
                                            tp_reductions)
@@ -88,14 +88,10 @@ class MegatronActor(TrainableModel):
         if ROUTING in batch.extras and not replay:
             raise ValueError("the routed_experts column reached an update with "
                              "rl_config.router_replay: none")
-        routing = RouterReplayer(self.model, REPLAY) if replay else None
-        try:
+        with replaying(self.model, REPLAY if replay else None) as routing:
             out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
                                                  forward_only=False, routing=routing),
                             objective.sums.values)
-        finally:
-            if routing is not None:
-                routing.finish()
         self.weight_version += int(out["update_ok"])  # a skipped step leaves the weights
         stats = objective.reduced()
         stats.update(out)

@@ -24,6 +24,9 @@ from the replayed ones (0 when replay holds).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -190,6 +193,20 @@ class RouterReplayer:
         parts = [torch.empty_like(local) for _ in range(tp)]
         dist.all_gather(parts, local.contiguous(), group=group)
         return torch.cat(parts)
+
+
+@contextmanager
+def replaying(model, mode: str | None) -> Iterator[RouterReplayer | None]:
+    """A `RouterReplayer` of ``model`` in ``mode`` (RECORD or REPLAY) for the ``with`` block,
+    its routers left clean afterwards (:meth:`RouterReplayer.finish`); None for no mode."""
+    if mode is None:
+        yield None
+        return
+    replayer = RouterReplayer(model, mode)
+    try:
+        yield replayer
+    finally:
+        replayer.finish()
 
 
 def _one_hot(routes: torch.Tensor, num_experts: int) -> torch.Tensor:

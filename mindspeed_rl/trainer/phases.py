@@ -36,7 +36,7 @@ from mindspeed_rl.trainer.rollout_correction import (rollout_is_batch_mean, stal
                                                       version_lag)
 from mindspeed_rl.engine.critic import forward_scores, forward_values
 from mindspeed_rl.engine.micro_batches import ROUTING, RowBatch
-from mindspeed_rl.engine.router_replay import RECORD, REPLAY, RouterReplayer, RouterReplayError
+from mindspeed_rl.engine.router_replay import RECORD, REPLAY, RouterReplayError, replaying
 from mindspeed_rl.transfer_dock import DockBatch
 
 
@@ -416,16 +416,10 @@ def old_logprobs(ctx: PhaseContext) -> dict[str, float]:
     batch = ctx.flow.get(["prompt_ids", "response_ids", *_replayed(ctx)],
                          ctx.batch.responses_per_training_dp_rank, "train")
     rows = _rows(batch, _replayed(ctx))
-    model = ctx.roles.actor.model
-    routing = None if mode == "none" else RouterReplayer(model, RECORD if mode == "R2"
-                                                         else REPLAY)
-    try:
-        logp, _ = forward_logprobs(model, rows, ctx.batch.micro_batching[names.OLD_LOG_P],
-                                   ctx.vocab_size, temperature=ctx.temperature,
-                                   routing=routing)
-    finally:
-        if routing is not None:
-            routing.finish()
+    with replaying(ctx.roles.actor.model, {"R2": RECORD, "R3": REPLAY}.get(mode)) as routing:
+        logp, _ = forward_logprobs(ctx.roles.actor.model, rows,
+                                   ctx.batch.micro_batching[names.OLD_LOG_P], ctx.vocab_size,
+                                   temperature=ctx.temperature, routing=routing)
     out = {"logprobs_old": logp}
     if mode == "R2":
         out[ROUTING] = routing.recorded(len(rows))
@@ -446,16 +440,12 @@ def reference_logprobs(ctx: PhaseContext) -> dict[str, float]:
         logp = logprobs_in_own_layout(ctx, roles.reference, roles.reference_swap,
                                       roles.reference_layout, ctx.vocab_size, rows)
     else:
-        with roles.reference_swap.resident():
-            routing = RouterReplayer(roles.reference, REPLAY) if _replayed(ctx) else None
-            try:
-                logp, _ = forward_logprobs(roles.reference, rows,
-                                           ctx.batch.micro_batching[names.REFERENCE_MODEL],
-                                           ctx.vocab_size, temperature=ctx.temperature,
-                                           routing=routing)
-            finally:
-                if routing is not None:
-                    routing.finish()
+        with roles.reference_swap.resident(), \
+                replaying(roles.reference, REPLAY if _replayed(ctx) else None) as routing:
+            logp, _ = forward_logprobs(roles.reference, rows,
+                                       ctx.batch.micro_batching[names.REFERENCE_MODEL],
+                                       ctx.vocab_size, temperature=ctx.temperature,
+                                       routing=routing)
     ctx.flow.put(batch, {"logprobs_ref": logp})
     return {}
 

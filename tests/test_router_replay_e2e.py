@@ -7,11 +7,8 @@ no (token, layer), every iteration. One launch carries all three features."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-from torchrun_jobs import ROOT, run_job, training_rows
+from torchrun_jobs import MULTI_TURN, ROOT, SCRIPTED_TOOLS_ENV, run_job, training_rows
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -19,15 +16,6 @@ from mindspeed_rl.models.tiny import make_tiny_hf_dir
 pytestmark = pytest.mark.slow
 
 CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
-TOOLS = ROOT / "configs" / "tools" / "code_interpreter.yaml"
-MULTI_TURN = [  # as tests/test_multi_turn_e2e.py
-    "megatron_training.prompt_type=qwen_retool", "megatron_training.seq_length=1000",
-    "rl_config.multi_turn_enable=true", f"rl_config.tool_config_path={TOOLS}",
-    "rl_config.tool_parser_format=scripted_tools:every_turn", "rl_config.max_tool_calls=2",
-    "rl_config.max_total_response_length=112", "rl_config.max_tool_response_length=40",
-    "rl_config.max_prompt_length=1000", "generate_config.max_model_len=1120",
-    "generate_config.sampling_config.max_tokens=24",
-]
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +26,12 @@ def run(tmp_path_factory):
     assets = {"root": root, "data": root / "train.jsonl",
               "model": make_tiny_hf_dir("qwen3_moe", root / "moe", num_experts=16,
                                         num_experts_per_tok=2, max_position_embeddings=2048)}
-    tests = str(Path(__file__).parent)
-    env = {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
     _, rows = run_job(assets, "r3", "rl_config.router_replay=R3", *MULTI_TURN,
                       "rl_config.partial_rollout_max_split=2",
                       "generate_config.enable_prefix_caching=false",
                       "actor_config.tensor_model_parallel_size=1",
                       "megatron_training.train_iters=3",
-                      launcher="pretrain_grpo.py", config=CONFIG, env=env)
+                      launcher="pretrain_grpo.py", config=CONFIG, env=SCRIPTED_TOOLS_ENV)
     return training_rows(rows)
 
 

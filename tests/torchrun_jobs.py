@@ -12,6 +12,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Multi-turn GRPO on the tiny models: the real code interpreter behind the scripted parser of
+# tests/scripted_tools.py (a random model writes no tool calls), which the launch imports
+# from this folder (SCRIPTED_TOOLS_ENV).
+MULTI_TURN = [
+    "megatron_training.prompt_type=qwen_retool", "megatron_training.seq_length=1000",
+    "rl_config.multi_turn_enable=true",
+    f"rl_config.tool_config_path={ROOT / 'configs' / 'tools' / 'code_interpreter.yaml'}",
+    "rl_config.tool_parser_format=scripted_tools:every_turn", "rl_config.max_tool_calls=2",
+    "rl_config.max_total_response_length=112", "rl_config.max_tool_response_length=40",
+    "rl_config.max_prompt_length=1000", "generate_config.max_model_len=1120",
+    "generate_config.sampling_config.max_tokens=24",
+]
+SCRIPTED_TOOLS_ENV = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                    os.environ.get("PYTHONPATH", "")])}
+
 
 def run_job(assets: dict, run: str, *overrides: str, launcher: str, config: Path,
             nproc: int = 2, timeout: int = 900, check: bool = True, env: dict | None = None):

@@ -93,11 +93,14 @@ def _refresh_cpu_kernels(model: torch.nn.Module) -> None:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
-def _ties_embeddings(model_dir: str) -> bool:
-    import json
+def _config_json(model_dir: str) -> dict:
+    """The model directory's config.json, as a dict."""
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        return json.load(f)
 
-    with open(os.path.join(model_dir, "config.json")) as f:
-        return bool(json.load(f).get("tie_word_embeddings", False))
+
+def _ties_embeddings(model_dir: str) -> bool:
+    return bool(_config_json(model_dir).get("tie_word_embeddings", False))
 
 
 def _unique_cpu_shm_names() -> None:
@@ -289,8 +292,7 @@ def _mla_backend(model_dir: str, dtype: str, device_type: str) -> dict:
     reference CPU_MLA where its AMX backend cannot hold ``dtype``; vLLM's choice otherwise."""
     if device_type != "cpu" or dtype in _AMX_MLA_DTYPES:
         return {}
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-        mla = json.load(f).get("kv_lora_rank") is not None
+    mla = _config_json(model_dir).get("kv_lora_rank") is not None
     return {"attention_backend": "CPU_MLA"} if mla else {}
 
 

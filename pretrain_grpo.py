@@ -8,9 +8,7 @@
 The config is validated for the launched world size before any process group exists.
 """
 
-import sys
-
 if __name__ == "__main__":  # vLLM and dist_checkpointing spawn helpers that re-import __main__
-    from mindspeed_rl.trainer.launch import launch
+    from mindspeed_rl.trainer.launch import exit_process, launch
 
-    sys.exit(launch(None, prog="pretrain_grpo.py", algorithm="grpo"))
+    exit_process(launch(None, prog="pretrain_grpo.py", algorithm="grpo"))

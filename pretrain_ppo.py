@@ -9,9 +9,7 @@ The config needs a critic_config section; it is validated for the launched world
 before any process group exists.
 """
 
-import sys
-
 if __name__ == "__main__":  # vLLM and dist_checkpointing spawn helpers that re-import __main__
-    from mindspeed_rl.trainer.launch import launch
+    from mindspeed_rl.trainer.launch import exit_process, launch
 
-    sys.exit(launch(None, prog="pretrain_ppo.py", algorithm="ppo"))
+    exit_process(launch(None, prog="pretrain_ppo.py", algorithm="ppo"))

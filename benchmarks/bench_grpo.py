@@ -312,4 +312,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # vLLM and dist_checkpointing spawn helpers that re-import __main__
-    sys.exit(main())
+    from mindspeed_rl.trainer.launch import exit_process
+
+    exit_process(main())  # without the interpreter's finalization (seconds per rank)

@@ -356,4 +356,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":  # vLLM spawns helpers that re-import __main__
-    sys.exit(main())
+    from mindspeed_rl.trainer.launch import exit_process
+
+    exit_process(main())  # without the interpreter's finalization (seconds per rank)

@@ -4,10 +4,13 @@ process groups, the trainer, and the teardown in ``finally``."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import os
 import sys
-from typing import Iterator, Sequence, TextIO
+import threading
+from typing import Iterator, NoReturn, Sequence, TextIO
 
 
 _PR_SET_DUMPABLE = 4
@@ -27,6 +30,36 @@ def make_non_dumpable() -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a launcher's process as the interpreter would, minus its finalization.
+
+    What a normal exit does that matters is done here, in its order: wait for the threads
+    that are not daemons, run the ``atexit`` handlers (multiprocessing's children, logging,
+    vLLM's and torch's hooks), flush stdout and stderr. What is skipped is freeing every
+    object of torch, megatron-core, vLLM and transformers one by one: 2.6 s per rank
+    measured on a 2-core CPU machine for the tiny GRPO job, about a tenth of its launch,
+    with nothing to write anymore (the trainer's files are closed by its teardown)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _release(trainer) -> None:
+    """The teardown of a run whose process ends next: everything allocated so far is moved
+    out of the garbage collector's sight first (``gc.freeze``), so the full collections
+    vLLM's engine shutdown makes (0.9 s per rank measured) scan nothing; the process's
+    memory is returned at exit anyway."""
+    from mindspeed_rl.parallel.groups import teardown_distributed
+
+    gc.freeze()
+    teardown_distributed(trainer.close if trainer is not None else None)
 
 
 def load_job(config_path: str, overrides: Sequence[str], *, algorithm: str):
@@ -65,8 +98,8 @@ def _start(config, plan, *, header: str, plan_to: TextIO | None):
 @contextlib.contextmanager
 def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
                     ) -> Iterator["RLTrainer"]:  # noqa: F821
-    """Platform, process groups and the trainer for ``config``; torn down on exit."""
-    from mindspeed_rl.parallel.groups import teardown_distributed
+    """Platform, process groups and the trainer for ``config``; torn down on exit (for a
+    process that ends next: see ``_release``)."""
     from mindspeed_rl.trainer.trainer import RLTrainer
 
     make_non_dumpable()
@@ -76,7 +109,7 @@ def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
         trainer = RLTrainer(config, plan, platform)
         yield trainer
     finally:
-        teardown_distributed(trainer.close if trainer is not None else None)
+        _release(trainer)
 
 
 def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
@@ -103,7 +136,6 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
         config, plan = load_job(args.config, args.overrides, algorithm=algorithm)
     except ConfigError as error:
         return report_config_error(prog, error)  # once, also in torchrun's error file
-    from mindspeed_rl.parallel.groups import teardown_distributed
     from mindspeed_rl.trainer.trainer import RLTrainer
 
     platform = _start(config, plan, header=f"{prog}: {args.config} on {plan.world_size} ranks "
@@ -117,6 +149,5 @@ def launch(argv: Sequence[str] | None, *, prog: str, algorithm: str) -> int:
     except BaseException as error:  # one line + exit status; may end the process
         return guard.failed(error, trainer.save_checkpoint if trainer is not None else None)
     finally:
-        guard.teardown(lambda: teardown_distributed(  # (after a preemption too)
-            trainer.close if trainer is not None else None))
+        guard.teardown(lambda: _release(trainer))  # (after a preemption too)
     return 0

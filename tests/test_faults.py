@@ -62,6 +62,9 @@ def _no_job_outlives_its_test():
         _running.pop().kill_tree()
 
 
+JOB_MARKER_ENV = "MINDSPEED_RL_TEST_JOB"  # which job a process belongs to (assert_nothing_left)
+
+
 class Job:
     """A launched job: its output lines with arrival times, and its end."""
 
@@ -128,12 +131,14 @@ class Job:
         raise AssertionError(f"no line matches {pattern!r}:\n" + self.text[-4000:])
 
     def assert_nothing_left(self) -> None:
-        """No process of this job survives it (every rank's command line holds the run's
-        unique log folder)."""
+        """No process of this job survives it: every rank's command line holds the run's
+        unique log folder, and every process the job started (helpers the ranks spawn, such
+        as megatron-core's checkpoint-writer queue manager) inherits it in its environment."""
         deadline = time.monotonic() + 10
         while True:
-            left = [p for p in psutil.process_iter(["pid", "cmdline"])
-                    if self.marker in " ".join(p.info["cmdline"] or [])]
+            left = [p for p in psutil.process_iter(["pid", "cmdline", "environ"])
+                    if self.marker in " ".join(p.info["cmdline"] or [])
+                    or (p.info["environ"] or {}).get(JOB_MARKER_ENV) == self.marker]
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -153,12 +158,14 @@ def start(assets, name: str, *overrides: str, inject: str | None = None,
            f"megatron_training.log_dir={run_dir / 'logs'}",
            "megatron_training.train_iters=2",
            f"rl_config.collective_timeout_s={TIMEOUT_S if inject else 300}", *overrides]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    marker = f"log_dir={run_dir / 'logs'}"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1",
+               **{JOB_MARKER_ENV: marker})
     env.pop("MINDSPEED_RL_FAULT_INJECT", None)
     if inject:
         env["MINDSPEED_RL_FAULT_INJECT"] = inject
     # Every rank's command line holds its log folder, and no other job's does.
-    return Job(cmd, env, assets["root"], marker=f"log_dir={run_dir / 'logs'}", mine=mine)
+    return Job(cmd, env, assets["root"], marker=marker, mine=mine)
 
 
 def rows(assets, name: str) -> dict[int, dict]:

@@ -1,4 +1,5 @@
-"""The device communicators' own timeouts follow rl_config.collective_timeout_s."""
+"""The device communicators' own timeouts follow rl_config.collective_timeout_s (execution)
+and the start-up bound (connect)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,6 @@ def test_hccl_timeouts_follow_collective_timeout_unless_exported():
     env = {}
     communicator_env(86400, env)
     assert env == {"HCCL_CONNECT_TIMEOUT": "7200", "HCCL_EXEC_TIMEOUT": "17340"}
+    env = {}
+    communicator_env(10, env, connect_s=600)  # communicators connect during start-up
+    assert env == {"HCCL_CONNECT_TIMEOUT": "600", "HCCL_EXEC_TIMEOUT": "10"}

@@ -102,6 +102,7 @@ def _check_ranges(config: RLJobConfig) -> None:
         "rl_config.ref_forward_micro_batch_size": rl.ref_forward_micro_batch_size,
         "rl_config.transfer_dock_timeout_s": rl.transfer_dock_timeout_s,
         "rl_config.collective_timeout_s": rl.collective_timeout_s,
+        "rl_config.startup_timeout_s": rl.startup_timeout_s,
         "rl_config.reward_timeout_s": rl.reward_timeout_s,
         "rl_config.reward_batch_timeout_s": rl.reward_batch_timeout_s,
         "rl_config.max_consecutive_skipped_steps": rl.max_consecutive_skipped_steps,

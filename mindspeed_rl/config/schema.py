@@ -269,6 +269,12 @@ class RLConfig:
         "vLLM's groups) waits for a rank that does not arrive; then every other rank stops with "
         "a one-line error naming the phase. Must exceed the longest imbalance between ranks "
         "(e.g. the rollout's long tail)"))
+    startup_timeout_s: float | None = setting(None, (
+        "seconds a collective waits for a rank while the job starts (process groups, "
+        "checkpoint load, vLLM's engine build, until the first iteration), where ranks "
+        "arrive further apart than in training: rank 0 alone prints the plan and probes the "
+        "save folder, loads take what the file system gives each rank; null = the larger of "
+        "collective_timeout_s and 600"))
     save_on_sigterm_grace_s: float = setting(30.0, (
         "seconds the job has between SIGTERM and SIGKILL to save (torchrun's "
         "--shutdown-timeout, 30 by default); the dry run and rank 0 at start estimate the "

@@ -55,8 +55,11 @@ def _dock_call(exc: BaseException) -> str | None:
     return None
 
 
-def describe_collective_failure(exc: BaseException, tracker, timeout_s: float) -> str:
+def describe_collective_failure(exc: BaseException, tracker, timeout_s: float,
+                                startup_timeout_s: float | None = None) -> str:
     """One line: this rank, the phase and iteration, what failed, and the lost rank(s).
+    A timeout in the phase ``startup`` names the start-up bound (``startup_timeout_s``,
+    when given) instead of ``timeout_s``.
 
     Reads the other ranks' published state (:meth:`PhaseTracker.peers`), which takes a
     few heartbeats.
@@ -66,7 +69,10 @@ def describe_collective_failure(exc: BaseException, tracker, timeout_s: float) -
     where = f"phase '{phase}'" + (f" of iteration {iteration}" if iteration else "")
     dock = _dock_call(exc)
     what = f"a TransferDock {dock}" if dock else "a collective"
-    if kind == "timeout":
+    if kind == "timeout" and phase == "startup" and startup_timeout_s is not None:
+        cause = (f"{what} in {where} got no answer within the start-up bound of "
+                 f"{startup_timeout_s:g} s (rl_config.startup_timeout_s)")
+    elif kind == "timeout":
         cause = (f"{what} in {where} got no answer within rl_config.collective_timeout_s="
                  f"{timeout_s:g} s")
     else:

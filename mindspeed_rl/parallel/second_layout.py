@@ -54,6 +54,8 @@ class SecondLayout:
                  timeout_s: float) -> None:
         from megatron.core import parallel_state as ps
 
+        from mindspeed_rl.parallel.groups import group_timeout_s
+
         self.tp, self.pp = tensor_model_parallel_size, pipeline_model_parallel_size
         first = _globals()
         try:
@@ -61,7 +63,7 @@ class SecondLayout:
                 ps.destroy_model_parallel()
             ps.initialize_model_parallel(tensor_model_parallel_size=self.tp,
                                          pipeline_model_parallel_size=self.pp,
-                                         distributed_timeout_minutes=timeout_s / 60)
+                                         distributed_timeout_minutes=group_timeout_s(timeout_s) / 60)
             self._state = _globals()
         finally:
             _put(first)

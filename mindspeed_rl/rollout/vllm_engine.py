@@ -299,10 +299,11 @@ def _mla_backend(model_dir: str, dtype: str, device_type: str) -> dict:
 def _fixed_engine_kwargs(device_type: str) -> dict:
     """The vLLM arguments every engine of this project gets."""
     # vLLM's own TP/DP groups get the job's collective bound (torch's default for a
-    # new group is 30 minutes whatever the world group uses).
-    from mindspeed_rl.parallel.groups import collective_timeout_s
+    # new group is 30 minutes whatever the world group uses); an engine built while the
+    # job starts gets the start-up bound, lowered when start-up ends (groups.end_startup).
+    from mindspeed_rl.parallel.groups import group_timeout_s
 
-    timeout = max(1, math.ceil(collective_timeout_s()))
+    timeout = max(1, math.ceil(group_timeout_s()))
     return dict(
         # The log-prob of each sampled token under the distribution it was sampled from
         # (after temperature, and top-k/top-p/min-p where set), which training evaluates

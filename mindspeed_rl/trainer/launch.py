@@ -91,7 +91,8 @@ def _start(config, plan, *, header: str, plan_to: TextIO | None):
     from mindspeed_rl.trainer.recipes import phases_of
 
     platform = setup_platform()
-    init_distributed(platform, timeout_s=config.rl_config.collective_timeout_s)
+    init_distributed(platform, timeout_s=config.rl_config.collective_timeout_s,
+                     startup_timeout_s=config.rl_config.startup_timeout_s)
     if dist.get_rank() == 0:
         print(plan.format(header=header), file=plan_to or sys.stdout, flush=True)
         print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
@@ -111,11 +112,14 @@ def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
                     ) -> Iterator["RLTrainer"]:  # noqa: F821
     """Platform, process groups and the trainer for ``config``; torn down on exit (for a
     process that ends next: see ``_release``)."""
+    from mindspeed_rl.parallel.groups import end_startup
+
     make_non_dumpable()
     platform = _start(config, plan, header=header, plan_to=plan_to)
     trainer = None
     try:
         trainer = _build_trainer(config, plan, platform)
+        end_startup()
         yield trainer
     finally:
         _release(trainer)

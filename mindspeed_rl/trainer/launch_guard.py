@@ -122,7 +122,10 @@ class LaunchGuard:
 
     def __init__(self, prog: str, config) -> None:
         self.prog = prog
+        from mindspeed_rl.parallel.groups import startup_bound
+
         self.timeout_s = float(config.rl_config.collective_timeout_s)
+        self.startup_timeout_s = startup_bound(self.timeout_s, config.rl_config.startup_timeout_s)
         self.save_dir = config.actor_config.save
         # Heartbeats fast enough that a survivor tells a silent rank from a busy one well
         # within the timeout, slow enough to cost nothing on a large job.
@@ -130,7 +133,11 @@ class LaunchGuard:
         tracker.enter("startup")
 
     def training_starts(self, iteration: int) -> None:
-        """The trainer is built and resumes after ``iteration``: arm SIGTERM handling."""
+        """The trainer is built and resumes after ``iteration``: start-up is over (every
+        collective waits ``collective_timeout_s`` from now on); arm SIGTERM handling."""
+        from mindspeed_rl.parallel.groups import end_startup
+
+        end_startup()
         tracker.exit("startup")
         tracker.iteration = iteration
         self.first_iteration = iteration
@@ -158,7 +165,7 @@ class LaunchGuard:
             _exit(INTERRUPTED_EXIT)
         if collective_failure_kind(error) is not None:
             message = f"{self.prog}: error: " + describe_collective_failure(
-                error, tracker, self.timeout_s)
+                error, tracker, self.timeout_s, self.startup_timeout_s)
             print(message, file=sys.stderr, flush=True)
             write_error_file(message)
             _exit(FAILURE_EXIT)

@@ -34,7 +34,6 @@ import dataclasses
 import pickle
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -152,16 +151,19 @@ class TransferDock:
                      device: torch.device | str | None) -> None:
         """The dock's own process groups (metadata over gloo; data over the data
         backend) and its device."""
-        timeout = timedelta(seconds=self.timeout_s)
+        from mindspeed_rl.parallel.groups import new_group
+
         # Own groups, so the dock's timeout bounds its waits whatever the caller's
-        # groups use; new_group is collective over the world.
-        self._meta_group = dist.new_group(self._global_ranks, timeout=timeout, backend="gloo")
+        # groups use (at least the start-up bound while the job starts); new_group is
+        # collective over the world.
+        self._meta_group = new_group(self._global_ranks, timeout_s=self.timeout_s, backend="gloo")
         backend = data_backend or dist.get_backend(group)
         if str(backend).lower() == "gloo":
             self._data_group = self._meta_group
             self.device = torch.device(device or "cpu")
         else:
-            self._data_group = dist.new_group(self._global_ranks, timeout=timeout, backend=backend)
+            self._data_group = new_group(self._global_ranks, timeout_s=self.timeout_s,
+                                         backend=backend)
             if device is None:
                 acc = torch.accelerator.current_accelerator()
                 device = torch.device(acc.type, torch.accelerator.current_device_index())

@@ -45,31 +45,87 @@ def _model_at_layout(hf_dir: str, tp: int, pp: int):
 def save_legacy_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int, iteration: int,
                            extra_args: dict | None = None) -> None:
     """Run on every rank of a TP x PP world (e.g. through run_on_ranks)."""
+    with _model_at_layout(hf_dir, tp, pp) as (model, config):
+        write_rank_file(model.state_dict_for_save_checkpoint(), config, out_dir, iteration,
+                        extra_args)
+
+
+def write_rank_file(model_state: dict, config, out_dir: str, iteration: int,
+                    extra_args: dict | None = None) -> None:
+    """This rank's ``model_optim_rng.pt`` with ``model_state``, in megatron's current layout;
+    rank 0 writes the tracker file. Every rank calls it."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-    with _model_at_layout(hf_dir, tp, pp) as (model, config):
-        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
-        args = argparse.Namespace(
-            num_layers=config.num_layers, hidden_size=config.hidden_size,
-            num_attention_heads=config.num_attention_heads, tensor_model_parallel_size=tp,
-            pipeline_model_parallel_size=pp, params_dtype=torch.float32, iteration=iteration,
-            consumed_train_samples=iteration * 8, tokenizer_type="PretrainedFromHF",
-            data_path=["./dataset/data"], **(extra_args or {}))
-        rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-               "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.get_rng_state(),
-               "rng_tracker_states": get_cuda_rng_tracker().get_states()}
-        state = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
-                 "model": model.state_dict_for_save_checkpoint(), "rng_state": [rng],
-                 "optimizer": {"optimizer": {"state": {}, "param_groups": []}},
-                 "opt_param_scheduler": {"num_steps": iteration * 8}}
-        name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-        folder = Path(out_dir) / f"iter_{iteration:07d}" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(state, folder / "model_optim_rng.pt")
-        dist.barrier()
-        if dist.get_rank() == 0:
-            (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    args = argparse.Namespace(
+        num_layers=config.num_layers, hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads, tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp, params_dtype=torch.float32, iteration=iteration,
+        consumed_train_samples=iteration * 8, tokenizer_type="PretrainedFromHF",
+        data_path=["./dataset/data"], **(extra_args or {}))
+    rng = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+           "torch_rng_state": torch.get_rng_state(), "cuda_rng_state": torch.get_rng_state(),
+           "rng_tracker_states": get_cuda_rng_tracker().get_states()}
+    state = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
+             "model": model_state, "rng_state": [rng],
+             "optimizer": {"optimizer": {"state": {}, "param_groups": []}},
+             "opt_param_scheduler": {"num_steps": iteration * 8}}
+    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    folder = Path(out_dir) / f"iter_{iteration:07d}" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(state, folder / "model_optim_rng.pt")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+
+
+def mindspeed_llm_mla_state(model, config, style: str) -> dict:
+    """This rank's state dict of an MLA ``model`` (TP x EP 1 x PP 1) under MindSpeed-LLM's
+    names, as its converter (mindspeed_llm/tasks/checkpoint/convert_hf2mg.py) lays them
+    out: the query and key/value down projections fused along rows into ``linear_qkv``,
+    the full tensor on every TP rank; the up projections split by heads over TP, as
+    ``linear_qb``/``linear_kvb`` with ``k_layernorm`` (``style="older"``) or, with
+    ``--mla-mm-split`` (``style="mm_split"``), as their per-head parts ``linear_qk_nope``,
+    ``linear_qk_rope``, ``linear_kv_nope``, ``linear_v`` with ``kv_layernorm``."""
+    from megatron.core import parallel_state as ps
+
+    group, tp = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
+    heads = config.num_attention_heads // tp
+    qk, rope, v = config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim
+
+    def full_rows(t):  # megatron-core splits the down projections' rows over TP
+        parts = [torch.empty_like(t) for _ in range(tp)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return torch.cat(parts)
+
+    out, state = {}, model.state_dict_for_save_checkpoint()
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            continue  # megatron's _extra_state entries (None here); the reader skips them
+        pre, sep, rest = name.partition("self_attention.")
+        module = rest.split(".")[0] if sep else None
+        tail = rest[len(module or ""):] if sep else ""
+        if module == "linear_q_down_proj":
+            kv = state[name.replace("linear_q_down_proj", "linear_kv_down_proj")]
+            out[pre + sep + "linear_qkv" + tail] = torch.cat([full_rows(t), full_rows(kv)])
+        elif module == "linear_kv_down_proj":
+            continue
+        elif module in ("linear_q_up_proj", "linear_kv_up_proj") and style == "mm_split":
+            widths = (qk, rope) if module == "linear_q_up_proj" else (qk, v)
+            names = (("linear_qk_nope", "linear_qk_rope") if module == "linear_q_up_proj"
+                     else ("linear_kv_nope", "linear_v"))
+            a, b = t.reshape(heads, sum(widths), -1).split(list(widths), dim=1)
+            out[pre + sep + names[0] + tail] = a.reshape(heads * widths[0], -1).clone()
+            out[pre + sep + names[1] + tail] = b.reshape(heads * widths[1], -1).clone()
+        elif module in ("linear_q_up_proj", "linear_kv_up_proj", "kv_layernorm") and style == "older":
+            older = {"linear_q_up_proj": "linear_qb", "linear_kv_up_proj": "linear_kvb",
+                     "kv_layernorm": "k_layernorm"}[module]
+            out[pre + sep + older + tail] = t
+        else:
+            out[name] = t
+    return out
 
 
 def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,

@@ -4,7 +4,8 @@ top-k, shared experts, dense first layer) built from megatron-core equals transf
 A tiny random `DeepseekV3ForCausalLM` is converted to megatron and back with
 tools/convert_ckpt.py (as a user runs it), then one 2-rank gloo run loads the checkpoint at
 TP 1, TP 2, EP 2 and PP 2 with uneven stages ("1,2") and compares the logits with
-transformers' (fp32).
+transformers' (fp32). The same run saves the TP 2 model as MindSpeed-LLM names MLA in its
+legacy checkpoints and loads those at EP 2.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ TOLERANCE = 1e-4
 SEQ, BATCH = 32, 2
 # (TP, PP, EP, num_layer_list) on 2 ranks; PP 2 puts 1 layer on the first stage and 2 on the last.
 LAYOUTS = [(1, 1, 1, None), (2, 1, 1, None), (1, 1, 2, None), (1, 2, 1, "1,2")]
+# MindSpeed-LLM's names for MLA in its checkpoints: older releases, and --mla-mm-split.
+MINDSPEED_LLM_STYLES = ("older", "mm_split")
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
@@ -48,7 +51,7 @@ def _write_mtp_layer(hf_dir: Path, config) -> None:
 
 # ---- workers (module level: they run in spawned ranks) -------------------------------------
 
-def _parity_worker(hf_dir, mg_dir):
+def _parity_worker(hf_dir, mg_dir, mindspeed_llm_dir):
     from mindspeed_rl.checkpoint.parity import load_megatron_model
     from mindspeed_rl.models.parity import max_abs_diff_global, megatron_logits, random_tokens, transformers_logits
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
@@ -70,6 +73,24 @@ def _parity_worker(hf_dir, mg_dir):
             results[(tp, pp, ep, "layers")] = sorted(layer.layer_number for layer in model.decoder.layers)
             if tp == 2:
                 results["shards"] = test_models_parity._check_shards(model, arch, hf_dir)
+                # MindSpeed-LLM's own checkpoints of this model (its MLA names), saved at TP 2.
+                from legacy_megatron_ckpt import mindspeed_llm_mla_state, write_rank_file
+
+                for style in MINDSPEED_LLM_STYLES:
+                    write_rank_file(mindspeed_llm_mla_state(model, model.config, style), model.config,
+                                    f"{mindspeed_llm_dir}/{style}", iteration=3)
+            if ep == 2:
+                # ... read at EP 2 into a model whose weights were zeroed first.
+                from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
+
+                for style in MINDSPEED_LLM_STYLES:
+                    with torch.no_grad():
+                        for t in list(model.parameters()) + [b for n, b in model.named_buffers()
+                                                             if n.endswith("expert_bias")]:
+                            t.zero_()
+                    load_legacy_megatron_checkpoint(model, arch, f"{mindspeed_llm_dir}/{style}")
+                    diff = megatron_logits(model, tokens)[..., :arch.vocab_size] - reference
+                    results[("mindspeed_llm", style)] = max_abs_diff_global(diff)
             if (tp, pp, ep) == (1, 1, 1):
                 # A model started from another (the trainer's reference from the policy) gets
                 # its weight buffers too.
@@ -107,7 +128,8 @@ def converted(tmp_path_factory):
 @pytest.fixture(scope="module")
 def parity(converted):
     hf, mg, _, _ = converted
-    results = run_on_ranks(_parity_worker, 2, str(hf), str(mg), timeout=900)[0]
+    results = run_on_ranks(_parity_worker, 2, str(hf), str(mg), str(mg.parent / "mindspeed_llm"),
+                           timeout=900)[0]
     print("\ndeepseek_v3 parity:", json.dumps({str(k): v for k, v in results.items() if k != "shards"}))
     return results
 
@@ -153,3 +175,20 @@ def test_router_expert_bias_changes_the_routes(parity):
 
 def test_model_copied_from_another_keeps_its_router_bias(parity):
     assert parity["copied"] <= TOLERANCE
+
+
+@pytest.mark.parametrize("style", MINDSPEED_LLM_STYLES)
+def test_mindspeed_llm_checkpoint_with_its_mla_names_loads(converted, parity, style):
+    """A MindSpeed-LLM legacy checkpoint of the model (saved at TP 2 under its own MLA names)
+    loads at EP 2 to transformers' logits."""
+    from mindspeed_rl.checkpoint.legacy_megatron import read_legacy_file
+
+    _, mg, _, _ = converted
+    names = read_legacy_file(mg.parent / "mindspeed_llm" / style / "iter_0000003" / "mp_rank_01"
+                             / "model_optim_rng.pt")["model"]
+    theirs = {"older": ("linear_qkv", "linear_qb", "linear_kvb", "k_layernorm"),
+              "mm_split": ("linear_qkv", "linear_qk_nope", "linear_qk_rope", "linear_kv_nope", "linear_v")}
+    for module in theirs[style]:
+        assert any(f"self_attention.{module}." in n for n in names), (module, sorted(names)[:20])
+    assert not any("linear_q_down_proj" in n or "linear_kv_up_proj" in n for n in names)
+    assert parity[("mindspeed_llm", style)] <= TOLERANCE

@@ -19,7 +19,13 @@ BytesIO). Anything else is refused, naming the object's type.
 
 The shards are reassembled into full tensors with the architecture's weight map (TP
 concatenation that knows fused QKV and gate/up layouts, local layer and expert numbers
-made global) and re-split for the layout of the model being loaded.
+made global) and re-split for the layout of the model being loaded. MindSpeed-LLM's own
+names for multi-latent attention (DeepSeek-V3: a fused ``linear_qkv`` down projection,
+``linear_qb``/``linear_kvb``, ``--mla-mm-split`` parts) are read as megatron-core's
+(``mindspeed_llm_mla.py``). Experts are read as ``local_experts.<i>`` (megatron-core's
+sequential experts); MindSpeed-LLM's grouped-GEMM ``experts.weight1``/``weight2`` are not
+read (the load stops, naming the expert tensors it did not find). Weight buffers (the
+router's expert bias) are loaded with the parameters.
 """
 
 from __future__ import annotations
@@ -136,8 +142,13 @@ def _stage_offsets(args, pp_size: int) -> list[int]:
     return offsets
 
 
-def full_state_dict(iteration_dir: str | Path, weight_map) -> dict[str, torch.Tensor]:
-    """Global megatron name -> full tensor, from every rank file of a legacy checkpoint."""
+def full_state_dict(iteration_dir: str | Path, weight_map, mla: dict | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """Global megatron name -> full tensor, from every rank file of a legacy checkpoint.
+    ``mla``: the model's multi-latent-attention fields, when it has MLA: MindSpeed-LLM's
+    names for it are read as megatron-core's (:mod:`mindspeed_rl.checkpoint.mindspeed_llm_mla`)."""
+    from mindspeed_rl.checkpoint import mindspeed_llm_mla
+
     files = _rank_files(Path(iteration_dir))
     tp_size = 1 + max(k[0] for k in files)
     pp_size = 1 + max(k[1] for k in files)
@@ -162,6 +173,12 @@ def full_state_dict(iteration_dir: str | Path, weight_map) -> dict[str, torch.Te
                     per_rank = _experts_per_rank(state["model"], local)
                     parts[k] = str(int(parts[k]) + ep * per_rank)
             name = ".".join(parts)
+            if mla is not None:
+                name = mindspeed_llm_mla.rename(name)
+                if mindspeed_llm_mla.is_mindspeed_llm_name(name):
+                    if ep == 0 and (tp == 0 or mindspeed_llm_mla.is_split_by_heads(name)):
+                        shards.setdefault(name, {})[tp] = tensor  # the fused one: on every rank
+                    continue
             if name not in known:   # reported by the caller, which knows the model
                 shards.setdefault(name, {}).setdefault(tp, tensor)
                 continue
@@ -173,13 +190,23 @@ def full_state_dict(iteration_dir: str | Path, weight_map) -> dict[str, torch.Te
     full = {}
     for name, by_rank in shards.items():
         ranks = [by_rank[r] for r in sorted(by_rank)]
-        if name not in known or weight_map.tp_dim(name) is None or len(ranks) == 1:
+        if mla is not None and mindspeed_llm_mla.is_split_by_heads(name):
+            if len(ranks) != tp_size:
+                raise CheckpointError(f"{iteration_dir}: {name} has {len(ranks)} of "
+                                      f"{tp_size} tensor-parallel shards")
+            full[name] = torch.cat(ranks, dim=0)
+        elif name not in known or weight_map.tp_dim(name) is None or len(ranks) == 1:
             full[name] = ranks[0]
         else:
             if len(ranks) != tp_size:
                 raise CheckpointError(f"{iteration_dir}: {name} has {len(ranks)} of "
                                       f"{tp_size} tensor-parallel shards")
             full[name] = weight_map.gather_tp(name, ranks)
+    if mla is not None:
+        try:
+            full = mindspeed_llm_mla.combine(full, mla)
+        except ValueError as error:
+            raise CheckpointError(f"{iteration_dir}: {error}") from None
     return full
 
 
@@ -192,12 +219,16 @@ def _experts_per_rank(model_state: dict, local_name: str) -> int:
 def load_legacy_megatron_checkpoint(model, arch, load: str | Path,
                                     iteration: int | None | str = "latest") -> Path:
     """Fill this rank's shard of ``model`` from a legacy checkpoint saved at any TP/PP/EP."""
-    from mindspeed_rl.models.builder import _tp_rank_and_size, global_parameter_names
+    from mindspeed_rl.models.builder import _tp_rank_and_size, global_weight_names, weight_of
 
     path = legacy_iteration_dir(load, iteration)
     wm = arch.weight_map
-    full = full_state_dict(path, wm)
-    names = global_parameter_names(model)
+    tc = arch.transformer_config_kwargs
+    mla = ({k: tc.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                                   "qk_pos_emb_head_dim", "v_head_dim", "num_attention_heads")}
+           if tc.get("multi_latent_attention") else None)
+    full = full_state_dict(path, wm, mla)
+    names = global_weight_names(model)  # parameters and weight buffers (the router's expert bias)
     missing = sorted(g for g in names.values() if g not in full)
     if missing:
         raise CheckpointError(f"{path}: {len(missing)} tensor(s) of the {arch.name} model are "
@@ -207,7 +238,7 @@ def load_legacy_megatron_checkpoint(model, arch, load: str | Path,
         raise CheckpointError(f"{path}: tensor {unexpected[0]!r} is not part of a {arch.name} "
                               f"model with this config ({len(unexpected)} unexpected)")
     for local, global_name in names.items():
-        param = model.get_parameter(local)
+        param = weight_of(model, local)
         rank, size = _tp_rank_and_size(wm.is_expert(global_name))
         shard = wm.split_tp(global_name, full[global_name], size)[rank] if wm.tp_dim(
             global_name) is not None else full[global_name]

@@ -189,12 +189,12 @@ def copy_model_weights(dst, src) -> None:
         dst.get_buffer(name).copy_(src.get_buffer(name))
 
 
-def _weights(model) -> dict[str, str]:
+def global_weight_names(model) -> dict[str, str]:
     """Parameters and weight buffers: local name -> global name."""
     return {**global_parameter_names(model), **global_weight_buffer_names(model)}
 
 
-def _weight(model, local: str) -> torch.Tensor:
+def weight_of(model, local: str) -> torch.Tensor:
     try:
         return model.get_parameter(local)
     except AttributeError:
@@ -239,10 +239,10 @@ def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointRead
             f"{reader.file_of(unexpected[0])}: tensor {unexpected[0]!r} is not part of a {arch.name} "
             f"model with this config.json ({len(unexpected)} unexpected tensor(s): {unexpected[:3]})"
         )
-    for local, global_name in _weights(model).items():
+    for local, global_name in global_weight_names(model).items():
         if global_name in exclude:
             continue
-        param = _weight(model, local)
+        param = weight_of(model, local)
         is_expert = wm.is_expert(global_name)
         full = _full_shape(param, wm.tp_dim(global_name), _tp_rank_and_size(is_expert)[1])
         for hf_name, shape in wm.expected_hf_shapes(global_name, full).items():
@@ -276,9 +276,9 @@ def load_hf_weights(model, arch: ModelArchitecture, reader: HFCheckpointReader,
     """
     check_hf_checkpoint(model, arch, reader, exclude)
     wm = arch.weight_map
-    items = [(local, name) for local, name in _weights(model).items() if name not in exclude]
+    items = [(local, name) for local, name in global_weight_names(model).items() if name not in exclude]
     for local, global_name in (progress(items) if progress else items):
-        param = _weight(model, local)
+        param = weight_of(model, local)
         full = wm.to_megatron(global_name, {h: reader.get(h) for h in wm.hf_names(global_name)})
         rank, size = _tp_rank_and_size(wm.is_expert(global_name))
         shard = wm.split_tp(global_name, full, size)[rank]
@@ -298,8 +298,8 @@ def hf_tensors_from_model(model, arch: ModelArchitecture, dtype: torch.dtype | N
             ps.get_expert_model_parallel_world_size()) != (1, 1, 1):
         raise RuntimeError("hf_tensors_from_model needs the whole model on one rank (TP=PP=EP=1)")
     buffers = global_weight_buffer_names(model)
-    for local, global_name in _weights(model).items():
-        param = _weight(model, local).detach()
+    for local, global_name in global_weight_names(model).items():
+        param = weight_of(model, local).detach()
         for hf_name, tensor in arch.weight_map.to_hf(global_name, param):
             # Weight buffers stay float32 (megatron keeps them so; DeepSeek-V3 ships them so).
             yield hf_name, tensor if dtype is None or local in buffers else tensor.to(dtype)

@@ -88,7 +88,8 @@ def mindspeed_llm_mla_state(model, config, style: str) -> dict:
     the full tensor on every TP rank; the up projections split by heads over TP, as
     ``linear_qb``/``linear_kvb`` with ``k_layernorm`` (``style="older"``) or, with
     ``--mla-mm-split`` (``style="mm_split"``), as their per-head parts ``linear_qk_nope``,
-    ``linear_qk_rope``, ``linear_kv_nope``, ``linear_v`` with ``kv_layernorm``."""
+    ``linear_qk_rope``, ``linear_kv_nope``, ``linear_v`` with ``kv_layernorm``;
+    ``style="grouped_gemm"``: "older" with the experts as ``--moe-grouped-gemm`` saves them."""
     from megatron.core import parallel_state as ps
 
     group, tp = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
@@ -119,12 +120,37 @@ def mindspeed_llm_mla_state(model, config, style: str) -> dict:
             a, b = t.reshape(heads, sum(widths), -1).split(list(widths), dim=1)
             out[pre + sep + names[0] + tail] = a.reshape(heads * widths[0], -1).clone()
             out[pre + sep + names[1] + tail] = b.reshape(heads * widths[1], -1).clone()
-        elif module in ("linear_q_up_proj", "linear_kv_up_proj", "kv_layernorm") and style == "older":
+        elif module in ("linear_q_up_proj", "linear_kv_up_proj", "kv_layernorm") and style != "mm_split":
             older = {"linear_q_up_proj": "linear_qb", "linear_kv_up_proj": "linear_kvb",
                      "kv_layernorm": "k_layernorm"}[module]
             out[pre + sep + older + tail] = t
         else:
             out[name] = t
+    return grouped_gemm_experts(out) if style == "grouped_gemm" else out
+
+
+def grouped_gemm_experts(state: dict) -> dict:
+    """``state`` with each MoE layer's sequential experts as MindSpeed-LLM's grouped-GEMM
+    pair (``--moe-grouped-gemm``, local implementation; its convert_hf2mg.py layout):
+    ``mlp.experts.weight1`` = the [E, hidden, r] stack of the experts' linear_fc1 shards
+    transposed, reshaped to [hidden, E * r]; ``weight2`` = the [E, c, hidden] stack of their
+    linear_fc2 shards transposed, reshaped to [E * c, hidden]."""
+    import re
+
+    expert = re.compile(r"^(.*\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+    out, stacks = {}, {}
+    for name, t in state.items():
+        m = expert.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            stacks.setdefault((m[1], m[3]), {})[int(m[2])] = t.t()
+    for (prefix, fc), by_index in stacks.items():
+        stack = torch.stack([by_index[j] for j in sorted(by_index)])
+        if fc == "linear_fc1":
+            out[prefix + "weight1"] = stack.reshape(stack.shape[1], -1).clone()
+        else:
+            out[prefix + "weight2"] = stack.reshape(-1, stack.shape[2]).clone()
     return out
 
 

@@ -299,3 +299,17 @@ def test_convert_megatron_lm_torch_dist_checkpoint_to_hf(tmp_path):
     proc = _convert("mg", "hf", load, out, "--hf-config-dir", str(hf_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_hf_weights(hf_dir, out)
+
+
+def test_grouped_gemm_layouts_that_cannot_be_read_are_refused_by_name():
+    """Grouped-GEMM experts spread over TP x EP (MindSpeed-LLM's moe_tp_extend_ep) or kept
+    whole on each TP rank (expert_tensor_parallel_size=1) are named, not misread."""
+    import argparse
+
+    from mindspeed_rl.checkpoint.grouped_experts import refuse_layouts
+
+    assert refuse_layouts(argparse.Namespace(), 2) is None
+    assert "moe_tp_extend_ep" in refuse_layouts(argparse.Namespace(moe_tp_extend_ep=True), 2)
+    assert "expert_tensor_parallel_size=1" in refuse_layouts(
+        argparse.Namespace(expert_tensor_parallel_size=1), 2)
+    assert refuse_layouts(argparse.Namespace(expert_tensor_parallel_size=1), 1) is None

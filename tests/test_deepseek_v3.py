@@ -28,8 +28,9 @@ TOLERANCE = 1e-4
 SEQ, BATCH = 32, 2
 # (TP, PP, EP, num_layer_list) on 2 ranks; PP 2 puts 1 layer on the first stage and 2 on the last.
 LAYOUTS = [(1, 1, 1, None), (2, 1, 1, None), (1, 1, 2, None), (1, 2, 1, "1,2")]
-# MindSpeed-LLM's names for MLA in its checkpoints: older releases, and --mla-mm-split.
-MINDSPEED_LLM_STYLES = ("older", "mm_split")
+# MindSpeed-LLM's names for MLA in its checkpoints: older releases, --mla-mm-split, and older
+# with the experts as --moe-grouped-gemm saves them.
+MINDSPEED_LLM_STYLES = ("older", "mm_split", "grouped_gemm")
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
@@ -187,8 +188,11 @@ def test_mindspeed_llm_checkpoint_with_its_mla_names_loads(converted, parity, st
     names = read_legacy_file(mg.parent / "mindspeed_llm" / style / "iter_0000003" / "mp_rank_01"
                              / "model_optim_rng.pt")["model"]
     theirs = {"older": ("linear_qkv", "linear_qb", "linear_kvb", "k_layernorm"),
-              "mm_split": ("linear_qkv", "linear_qk_nope", "linear_qk_rope", "linear_kv_nope", "linear_v")}
+              "mm_split": ("linear_qkv", "linear_qk_nope", "linear_qk_rope", "linear_kv_nope", "linear_v"),
+              "grouped_gemm": ("linear_qkv", "linear_qb", "linear_kvb", "k_layernorm")}
     for module in theirs[style]:
         assert any(f"self_attention.{module}." in n for n in names), (module, sorted(names)[:20])
     assert not any("linear_q_down_proj" in n or "linear_kv_up_proj" in n for n in names)
+    grouped = any(n.endswith("mlp.experts.weight1") for n in names)
+    assert grouped == (style == "grouped_gemm") and grouped != any("local_experts" in n for n in names)
     assert parity[("mindspeed_llm", style)] <= TOLERANCE

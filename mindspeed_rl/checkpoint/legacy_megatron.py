@@ -23,9 +23,9 @@ made global) and re-split for the layout of the model being loaded. MindSpeed-LL
 names for multi-latent attention (DeepSeek-V3: a fused ``linear_qkv`` down projection,
 ``linear_qb``/``linear_kvb``, ``--mla-mm-split`` parts) are read as megatron-core's
 (``mindspeed_llm_mla.py``). Experts are read as ``local_experts.<i>`` (megatron-core's
-sequential experts); MindSpeed-LLM's grouped-GEMM ``experts.weight1``/``weight2`` are not
-read (the load stops, naming the expert tensors it did not find). Weight buffers (the
-router's expert bias) are loaded with the parameters.
+sequential experts); grouped-GEMM ``experts.weight1``/``weight2`` are read as those
+(``grouped_experts.py``). Weight buffers (the router's expert bias) are loaded with the
+parameters.
 """
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ def full_state_dict(iteration_dir: str | Path, weight_map, mla: dict | None = No
             raise CheckpointError(f"{path}: no 'model' entry (keys: {sorted(state)})")
         if offsets is None:
             offsets = _stage_offsets(state.get("args"), pp_size)
-        for local, tensor in state["model"].items():
+        model_state = _sequential_experts(state, path, tp_size, 1 + max(k[2] for k in files),
+                                          weight_map.num_experts)
+        for local, tensor in model_state.items():
             if local.endswith("_extra_state") or not isinstance(tensor, torch.Tensor):
                 continue
             parts = local.split(".")
@@ -170,7 +172,7 @@ def full_state_dict(iteration_dir: str | Path, weight_map, mla: dict | None = No
                 if "local_experts" in parts:
                     k = parts.index("local_experts") + 1
                     # experts per EP rank: the shard count of this layer's expert list
-                    per_rank = _experts_per_rank(state["model"], local)
+                    per_rank = _experts_per_rank(model_state, local)
                     parts[k] = str(int(parts[k]) + ep * per_rank)
             name = ".".join(parts)
             if mla is not None:
@@ -208,6 +210,28 @@ def full_state_dict(iteration_dir: str | Path, weight_map, mla: dict | None = No
         except ValueError as error:
             raise CheckpointError(f"{iteration_dir}: {error}") from None
     return full
+
+
+def _sequential_experts(state: dict, path: Path, tp_size: int, ep_size: int,
+                        num_experts: int | None) -> dict:
+    """The file's model state with grouped-GEMM experts as sequential ones
+    (:mod:`mindspeed_rl.checkpoint.grouped_experts`)."""
+    from mindspeed_rl.checkpoint import grouped_experts
+
+    model_state = state["model"]
+    if not grouped_experts.is_grouped(model_state):
+        return model_state
+    why = grouped_experts.refuse_layouts(state.get("args"), tp_size)
+    if why is None and not num_experts:
+        why = "it holds grouped-GEMM experts (mlp.experts.weight1/weight2) but the model has none"
+    if why is not None:
+        raise CheckpointError(f"{path}: {why}")
+    try:
+        return grouped_experts.expand(model_state, num_experts // ep_size)
+    except RuntimeError as error:
+        raise CheckpointError(f"{path}: its grouped-GEMM experts do not split into "
+                              f"{num_experts // ep_size} experts per file ({num_experts} over "
+                              f"EP {ep_size}): {error}") from None
 
 
 def _experts_per_rank(model_state: dict, local_name: str) -> int:

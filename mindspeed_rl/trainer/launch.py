@@ -66,11 +66,14 @@ def _build_trainer(config, plan, platform):
     """The trainer, built after the objects of the imports so far (torch, megatron-core,
     transformers: most of the process's objects, all kept to the end) are moved out of the
     garbage collector's sight: vLLM's engine build runs full collections (0.7 s per rank
-    less measured on the tiny GRPO job)."""
+    less measured on the tiny GRPO job). Start-up ends with it (groups.end_startup)."""
+    from mindspeed_rl.parallel.groups import end_startup
     from mindspeed_rl.trainer.trainer import RLTrainer
 
     gc.freeze()
-    return RLTrainer(config, plan, platform)
+    trainer = RLTrainer(config, plan, platform)
+    end_startup()
+    return trainer
 
 
 def load_job(config_path: str, overrides: Sequence[str], *, algorithm: str):
@@ -112,14 +115,11 @@ def trainer_session(config, plan, *, header: str, plan_to: TextIO | None = None
                     ) -> Iterator["RLTrainer"]:  # noqa: F821
     """Platform, process groups and the trainer for ``config``; torn down on exit (for a
     process that ends next: see ``_release``)."""
-    from mindspeed_rl.parallel.groups import end_startup
-
     make_non_dumpable()
     platform = _start(config, plan, header=header, plan_to=plan_to)
     trainer = None
     try:
         trainer = _build_trainer(config, plan, platform)
-        end_startup()
         yield trainer
     finally:
         _release(trainer)

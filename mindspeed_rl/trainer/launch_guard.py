@@ -121,9 +121,9 @@ class LaunchGuard:
     """Fault handling of one launcher run (module docstring)."""
 
     def __init__(self, prog: str, config) -> None:
-        self.prog = prog
         from mindspeed_rl.parallel.groups import startup_bound
 
+        self.prog = prog
         self.timeout_s = float(config.rl_config.collective_timeout_s)
         self.startup_timeout_s = startup_bound(self.timeout_s, config.rl_config.startup_timeout_s)
         self.save_dir = config.actor_config.save
@@ -133,11 +133,9 @@ class LaunchGuard:
         tracker.enter("startup")
 
     def training_starts(self, iteration: int) -> None:
-        """The trainer is built and resumes after ``iteration``: start-up is over (every
-        collective waits ``collective_timeout_s`` from now on); arm SIGTERM handling."""
-        from mindspeed_rl.parallel.groups import end_startup
-
-        end_startup()
+        """The trainer is built (start-up is over: every collective waits
+        ``collective_timeout_s`` from now on) and resumes after ``iteration``: arm SIGTERM
+        handling."""
         tracker.exit("startup")
         tracker.iteration = iteration
         self.first_iteration = iteration

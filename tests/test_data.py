@@ -155,6 +155,43 @@ def test_bad_prompt_type(tmp_path):
         load_prompt_dataset(path, make_tokenizer(), 64)
 
 
+def test_rows_are_read_as_written(tmp_path):
+    """Each message keeps exactly its own keys (a chat template that asks whether
+    ``tool_calls`` is defined must not see one filled in from another row); a string may
+    hold U+2028 or a form feed (not line ends in JSON lines); blank lines are no rows; a
+    JSON array in a .jsonl file is its rows."""
+    from mindspeed_rl.data.prompts import read_prompt_rows
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "a\u2028b\x0cc"}],
+                                "answer": 1}, ensure_ascii=False) + "\n\n"
+                    + json.dumps({"prompt": [{"role": "user", "content": "Hi", "name": "x"}],
+                                  "answer": "b"}) + "\n")
+    rows = read_prompt_rows(str(path))
+    assert [r.prompt for r in rows] == [[{"role": "user", "content": "a\u2028b\x0cc"}],
+                                        [{"role": "user", "content": "Hi", "name": "x"}]]
+    assert [r.answer for r in rows] == ["1", "b"] and [r.source_row for r in rows] == [0, 1]
+    array = tmp_path / "array.jsonl"
+    array.write_text(json.dumps(ROWS))
+    assert [r.answer for r in read_prompt_rows(str(array))] == ["7", "20", "b"]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("p.jsonl", '{"prompt": "Hi", "answer": "1"}\n\n{"prompt": "Hi", "answer": }\n',
+     r"cannot read data file .*p\.jsonl as json: row 1 \(line 3\) is not valid JSON: "
+     r"Expecting value at column 28; write one JSON object per line"),
+    ("p.json", '[{"prompt": "Hi",\n "answer": "1"},\n]',
+     r"cannot read data file .*p\.json as json: line 3 column 1: .*; write one JSON array"),
+    ("p.jsonl", '{"prompt": "Hi", "answer": "1"}\n["Hi", "1"]\n',
+     r"row 1 of .*p\.jsonl is a JSON list, not an object; write one object per row"),
+])
+def test_unreadable_json_names_the_row(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_prompt_dataset(str(path), make_tokenizer(), 64)
+
+
 def test_tokenizer_without_chat_template(tmp_path):
     tok = make_tokenizer(chat_template=None)
     tok.name_or_path = "/models/tiny"

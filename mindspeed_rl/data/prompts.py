@@ -1,8 +1,8 @@
 """Reading prompt files and turning prompts into token ids.
 
 Data files: ``.jsonl`` / ``.json`` (JSON lines or one JSON array of rows) and
-``.parquet``, or a directory of such files (read in name order), loaded with
-``datasets``. A row holds the prompt under ``prompt_key`` -- a string (sent as one
+``.parquet``, or a directory of such files (read in name order), read with Python's
+``json`` and pyarrow's parquet reader. A row holds the prompt under ``prompt_key`` -- a string (sent as one
 user message) or a list of chat messages ``[{"role": ..., "content": ...}]`` --
 and the gold answer under ``answer_key``. A file written by
 ``tools/preprocess_data.py`` has a ``prompt_ids`` column instead: it is used as
@@ -15,9 +15,9 @@ ids already, its answers the decoded labels.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +70,8 @@ def data_files(path: str, data_path_key: str = "megatron_training.data_path") ->
 
 
 def _check_utf8(path: str) -> None:
-    """Name the first line of a JSON file that is not UTF-8 (``datasets`` loads such bytes
-    and fails later, on access, without naming the file or the row)."""
+    """Name the first line of a JSON file that is not UTF-8 (a decoder's error names
+    neither the file nor the row)."""
     jsonl = path.endswith(".jsonl")
     with open(path, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
@@ -86,31 +86,77 @@ def _check_utf8(path: str) -> None:
                     f"iconv -f latin1 -t utf-8") from None
 
 
-def _load_table(path: str):
-    """The rows of one file as a ``datasets.Dataset``, held in memory.
+class _Rows:
+    """The rows of one data file: dicts in file order, and the union of their keys."""
 
-    The cache goes to a private temporary directory: the data folder may be
-    read-only or shared by every rank, and nothing is fetched from the hub (the
-    json/parquet builders ship with ``datasets``).
-    """
-    import datasets
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+        self.column_names = list(dict.fromkeys(key for row in rows for key in row))
 
-    builder = _BUILDER_BY_SUFFIX[os.path.splitext(path)[1]]
-    if builder == "json":
-        _check_utf8(path)
-    bars_were_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # one "Generating train split" bar per rank is noise
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: str | int):
+        """A column (a key missing from a row reads as None), or a row by number."""
+        if isinstance(key, int):
+            return self.rows[key]
+        return [row.get(key) for row in self.rows]
+
+
+def _load_table(path: str) -> _Rows:
+    """The rows of one file: pyarrow's parquet reader, or Python's JSON parser (rows as
+    written: a message keeps exactly the keys it has)."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return _Rows(pq.read_table(path).to_pylist())
+        except Exception as e:
+            raise ValueError(f"cannot read data file {path} as parquet: "
+                             f"{type(e).__name__}: {e}") from e
+    _check_utf8(path)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    rows = _json_document(path, text)
+    if rows is None:
+        rows = _json_lines(path, text)
+    for row, value in enumerate(rows):
+        if not isinstance(value, dict):
+            raise ValueError(f"row {row} of {path} is a JSON {type(value).__name__}, not an "
+                             'object; write one object per row, e.g. {"prompt": ..., '
+                             '"answer": ...}')
+    return _Rows(rows)
+
+
+def _json_document(path: str, text: str) -> list | None:
+    """A file that is one JSON document: its array of rows, or one object as one row; None
+    when it holds more than one (JSON lines), or when a ``.jsonl`` file is not valid JSON
+    (read line by line, its error names the row)."""
     try:
-        with tempfile.TemporaryDirectory(prefix="mindspeed_rl_data_") as cache_dir:
-            return datasets.load_dataset(builder, data_files=os.path.abspath(path),
-                                         split="train", cache_dir=cache_dir,
-                                         keep_in_memory=True)
-    except Exception as e:
-        raise ValueError(f"cannot read data file {path} as {builder}: "
-                         f"{type(e).__name__}: {e}") from e
-    finally:
-        if bars_were_enabled:
-            datasets.enable_progress_bars()
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data" or path.endswith(".jsonl"):
+            return None
+        raise ValueError(f"cannot read data file {path} as json: line {e.lineno} column "
+                         f"{e.colno}: {e.msg}; write one JSON array of rows, or one JSON "
+                         "object per line") from None
+    return value if isinstance(value, list) else [value]
+
+
+def _json_lines(path: str, text: str) -> list:
+    """One JSON value per non-blank line (JSON lines)."""
+    rows = []
+    for line_number, line in enumerate(text.split("\n"), start=1):  # (not splitlines: a
+        # string may hold U+2028 or a form feed, which are not line ends in JSON lines)
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"cannot read data file {path} as json: row {len(rows)} (line "
+                             f"{line_number}) is not valid JSON: {e.msg} at column {e.colno}; "
+                             "write one JSON object per line") from None
+    return rows
 
 
 def _row_keys(table, row: int) -> list[str]:
@@ -138,7 +184,7 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     rows: list[RawPrompt] = []
     skipped = []  # (file, its rows with an empty prompt, its row count)
     for file in data_files(path, data_path_key):
-        if os.path.getsize(file) == 0:  # datasets fails on it with an empty message
+        if os.path.getsize(file) == 0:
             continue
         table = _load_table(file)
         if len(table) == 0:

@@ -1,6 +1,7 @@
 """GRPO with multi-turn rollouts end to end: torchrun + pretrain_grpo.py, 2 ranks, a tiny
 model, the real code interpreter behind a scripted parser (tests/scripted_tools.py: a
-random model writes no tool calls), checkpoint and resume."""
+random model writes no tool calls), checkpoint and resume. Partial rollout with multi-turn
+on two DP ranks is checked on the launch of tests/test_router_replay_e2e.py."""
 
 from __future__ import annotations
 
@@ -69,45 +70,6 @@ def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
                 "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
                 "response_length/mean"):
         assert again[3][key] == pytest.approx(train[3][key], rel=1e-6, abs=1e-9), key
-
-
-def test_partial_rollout_with_multi_turn_trains_whole_groups_once_and_young(assets):
-    """partial_rollout_max_split 2 with the agent loop: each pass continues a trajectory for
-    at most half of max_total_response_length in model tokens (tool turns included), so the
-    three-turn trajectories (24-token turns, two scripted calls) stop mid-turn or after a
-    tool turn and resume in the next pass. Every trained group is whole and finished, every
-    row trains once, no trained row is older than N - 1 = 1 iteration, and the loss covers
-    only the model's tokens."""
-    import json
-
-    _, rows = launch(assets, "partial", "megatron_training.train_iters=3",
-                     "rl_config.partial_rollout_max_split=2", "rl_config.log_sample_flow=true",
-                     "actor_config.tensor_model_parallel_size=1")  # 2 DP ranks: rows once
-    train = training_rows(rows)
-    assert sorted(train) == [1, 2, 3]
-    folder = assets["root"] / "partial" / "logs" / "sample_flow"
-    traces = [[json.loads(line)["rows"] for line in p.read_text().splitlines()]
-              for p in sorted(folder.glob("rank*.jsonl"))]
-    trained = []
-    for it, per_rank in enumerate(zip(*traces), start=1):
-        released = per_rank[0]["partial_rollout/released_round0"]
-        updated = sorted(r for t in per_rank for k, v in t.items() if k.startswith("update")
-                         for r in v)
-        assert updated == released and len(released) == 4 * 4, it  # whole groups, once
-        trained += updated
-        row = train[it]
-        assert row["partial_rollout/trained_age_max"] <= 1, it
-        assert row["multi_turn/tool_tokens"] > 0 and row["multi_turn/model_tokens"] > 0
-        assert row["actor/loss_tokens"] * 2 == row["multi_turn/model_tokens"], it
-        assert row["response_length/max"] <= 112
-        if row["partial_rollout/trained_age_max"] == 0:  # every token of this iteration's
-            # weights, resumed trajectories included: vLLM's and megatron's log-probs agree
-            assert row["rollout/logprob_abs_diff_max"] < 1e-3, it
-    assert len(trained) == len(set(trained))
-    # trajectories really were cut and carried, and some trained ones were
-    assert max(r["partial_rollout/carried_unfinished_rows"] for r in train.values()) > 0
-    assert max(r["partial_rollout/trained_age_max"] for r in train.values()) >= 1
-    assert max(r["partial_rollout/passes"] for r in train.values()) >= 2
 
 
 def test_context_parallel_with_lora_partial_rollout_and_multi_turn(assets):

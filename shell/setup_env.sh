@@ -48,14 +48,17 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # torch alone first, with pip and pip's configuration (find-links, indexes, constraints): the
 # local CPU build. Letting a dependency resolve torch pulls CUDA wheels.
 "${PIP[@]}" install "torch==2.13.0"
-# Everything else with uv when it can be had (measured: 11 s against pip's ~100 s for the same
-# 180 packages, the same versions); with pip otherwise. Either way requirements-lock.txt
-# constrains every transitive package, and the torch installed above stays.
+# Everything else with uv when it can be had, byte-compiled as pip does (a fresh .venv in 54 s
+# against about 2 minutes with pip: the same 180 packages and versions); with pip otherwise.
+# Either way requirements-lock.txt constrains every transitive package, and the torch
+# installed above stays. (Without the .pyc files, every process of the suite would compile
+# the sources it imports again where PYTHONDONTWRITEBYTECODE is set: measured, the first
+# third of the suite took a quarter longer.)
 UV=""
 "${PIP[@]}" install "uv==0.13.8" >/dev/null 2>&1 && UV="$VENV/bin/uv"
 install() {
   if [[ -n "$UV" ]]; then
-    "$UV" pip install -q --python "$VENV/bin/python" "$@" && return 0
+    "$UV" pip install -q --compile-bytecode --python "$VENV/bin/python" "$@" && return 0
     echo "[setup_env] uv could not install $*; trying pip" >&2
   fi
   "${PIP[@]}" install "$@"

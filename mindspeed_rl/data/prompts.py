@@ -2,9 +2,9 @@
 
 Data files: ``.jsonl`` / ``.json`` (JSON lines or one JSON array of rows) and
 ``.parquet``, or a directory of such files (read in name order), read with Python's
-``json`` and pyarrow's parquet reader. A row holds the prompt under ``prompt_key`` -- a string (sent as one
-user message) or a list of chat messages ``[{"role": ..., "content": ...}]`` --
-and the gold answer under ``answer_key``. A file written by
+``json`` and pyarrow's parquet reader. A row holds the prompt under ``prompt_key`` -- a
+string (sent as one user message) or a list of chat messages
+``[{"role": ..., "content": ...}]`` -- and the gold answer under ``answer_key``. A file written by
 ``tools/preprocess_data.py`` has a ``prompt_ids`` column instead: it is used as
 is, without a tokenizer. A MindSpeed-RL packed indexed dataset prefix (``P`` with
 ``P_packed_input_ids_document.{bin,idx}`` and ``..._labels_...``; see

@@ -11,11 +11,10 @@ responses must outlast the 16 steps between two stop checks.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from test_dapo_e2e import DAPO
-from torchrun_jobs import ROOT, run_job, stopped_at, training_rows
+from torchrun_jobs import (ROOT, run_job, sample_flow_traces, stopped_at, training_rows,
+                          updated_rows)
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -44,19 +43,6 @@ def _grpo(assets, run, *overrides):
     return run_job(assets, run, *overrides, launcher="pretrain_grpo.py", config=CONFIG)
 
 
-def _traces(assets, run) -> list[list[dict]]:
-    """[iteration][rank] -> that rank's trace of the iteration."""
-    folder = assets["root"] / run / "logs" / "sample_flow"
-    ranks = [[json.loads(line)["rows"] for line in p.read_text().splitlines()]
-             for p in sorted(folder.glob("rank*.jsonl"))]
-    return [list(per_rank) for per_rank in zip(*ranks)]
-
-
-def _updated(per_rank: list[dict]) -> list[int]:
-    """Every row id the update received in the iteration, over all ranks (with repeats)."""
-    return sorted(r for t in per_rank for k, v in t.items() if k.startswith("update") for r in v)
-
-
 def test_carried_rows_train_once_whole_and_young_and_resume_exactly(assets):
     full_ckpt = assets["root"] / "ckpt_full"
     _, rows = _grpo(assets, "full", *PARTIAL, "megatron_training.train_iters=4",
@@ -64,11 +50,11 @@ def test_carried_rows_train_once_whole_and_young_and_resume_exactly(assets):
     train = training_rows(rows)
     assert sorted(train) == [1, 2, 3, 4]
     trained = []
-    for it, per_rank in enumerate(_traces(assets, "full"), start=1):
+    for it, per_rank in enumerate(sample_flow_traces(assets, "full"), start=1):
         released = per_rank[0]["partial_rollout/released_round0"]
         assert all(t["partial_rollout/released_round0"] == released for t in per_rank)
         assert len(released) == 4 * 4  # global_batch_size whole groups of n = 4
-        updated = _updated(per_rank)
+        updated = updated_rows(per_rank)
         assert updated == released, it  # exactly the released (finished) rows, once each
         trained += updated
         assert train[it]["partial_rollout/trained_age_max"] <= SPLIT - 1
@@ -100,9 +86,9 @@ def test_dapo_rounds_draw_on_the_partial_rollout_pool(assets):
                       "megatron_training.train_iters=2", launcher="pretrain_grpo.py",
                       config=CONFIG)
     train = training_rows(rows)
-    for it, per_rank in enumerate(_traces(assets, "dapo"), start=1):
+    for it, per_rank in enumerate(sample_flow_traces(assets, "dapo"), start=1):
         kept = per_rank[0]["dynamic_sampling/kept"]
-        updated = _updated(per_rank)
+        updated = updated_rows(per_rank)
         assert updated == kept and len(kept) == 4 * 4
         released = {r for k, v in per_rank[0].items() if k.startswith("partial_rollout/released")
                     for r in v}
@@ -127,9 +113,9 @@ def test_step_wise_engine_stops_once_enough_groups_are_finished(assets):
     assert max(off) > 0  # carried rows of older weights were trained, importance-weighted
     assert all(0 < r["rollout/off_policy_is_weight_max"] <= 2.0
                for r, f in zip(train.values(), off) if f > 0)
-    for it, per_rank in enumerate(_traces(assets, "stepwise"), start=1):
+    for it, per_rank in enumerate(sample_flow_traces(assets, "stepwise"), start=1):
         released = per_rank[0]["partial_rollout/released_round0"]
-        updated = _updated(per_rank)
+        updated = updated_rows(per_rank)
         assert updated == released and len(released) == 4 * 4
         assert train[it]["partial_rollout/passes"] <= 1  # no budget: one pass is enough
         assert train[it]["partial_rollout/trained_age_max"] <= SPLIT - 1

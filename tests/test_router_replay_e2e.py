@@ -10,10 +10,9 @@ row older than N - 1, the loss on the model's tokens only."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from torchrun_jobs import MULTI_TURN, ROOT, SCRIPTED_TOOLS_ENV, run_job, training_rows
+from torchrun_jobs import (MULTI_TURN, ROOT, SCRIPTED_TOOLS_ENV, run_job, sample_flow_traces,
+                          training_rows, updated_rows)
 
 from mindspeed_rl.data import make_arithmetic_problems, write_jsonl
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
@@ -37,14 +36,11 @@ def run(tmp_path_factory):
                       "actor_config.tensor_model_parallel_size=1",
                       "megatron_training.train_iters=3",
                       launcher="pretrain_grpo.py", config=CONFIG, env=SCRIPTED_TOOLS_ENV)
-    folder = root / "r3" / "logs" / "sample_flow"
-    traces = [[json.loads(line)["rows"] for line in p.read_text().splitlines()]
-              for p in sorted(folder.glob("rank*.jsonl"))]
-    return training_rows(rows), traces
+    return {"train": training_rows(rows), "traces": sample_flow_traces(assets, "r3")}
 
 
 def test_r3_replays_the_rollout_routing_every_iteration(run):
-    run, _ = run
+    run = run["train"]
     assert sorted(run) == [1, 2, 3]
     assert any(row["rollout/off_policy_token_fraction"] == 0 for row in run.values())
     for it, row in run.items():
@@ -63,13 +59,13 @@ def test_partial_rollout_with_multi_turn_trains_whole_groups_once_and_young(run)
     at most half of max_total_response_length in model tokens (tool turns included), so the
     three-turn trajectories (24-token turns, two scripted calls) stop mid-turn or after a
     tool turn and resume in the next pass."""
-    run, traces = run
-    assert [len(t) for t in traces] == [3, 3]  # each DP rank's trace of the 3 iterations
+    run, traces = run["train"], run["traces"]
+    # each iteration traced by both DP ranks
+    assert [len(per_rank) for per_rank in traces] == [2, 2, 2]
     trained = []
-    for it, per_rank in enumerate(zip(*traces), start=1):
+    for it, per_rank in enumerate(traces, start=1):
         released = per_rank[0]["partial_rollout/released_round0"]
-        updated = sorted(r for t in per_rank for k, v in t.items() if k.startswith("update")
-                         for r in v)
+        updated = updated_rows(per_rank)
         assert updated == released and len(released) == 4 * 4, it  # whole groups, once
         trained += updated
         row = run[it]

@@ -66,6 +66,20 @@ def training_rows(rows: list[dict]) -> dict[int, dict]:
     return {r["iteration"]: r for r in rows if "timing/all" in r}
 
 
+def sample_flow_traces(assets: dict, run: str) -> list[list[dict]]:
+    """[iteration][rank] -> that rank's sample-flow trace of the iteration
+    (``rl_config.log_sample_flow``)."""
+    folder = assets["root"] / run / "logs" / "sample_flow"
+    ranks = [[json.loads(line)["rows"] for line in p.read_text().splitlines()]
+             for p in sorted(folder.glob("rank*.jsonl"))]
+    return [list(per_rank) for per_rank in zip(*ranks)]
+
+
+def updated_rows(per_rank: list[dict]) -> list[int]:
+    """Every row id the update received in the iteration, over all ranks (with repeats)."""
+    return sorted(r for t in per_rank for k, v in t.items() if k.startswith("update") for r in v)
+
+
 def stopped_at(save: Path, iteration: int, copy: Path) -> Path:
     """``copy``: the checkpoint folder ``save`` as a job that stopped right after saving
     ``iteration`` would have left it (the folder's files, ``iter_<iteration>`` and the

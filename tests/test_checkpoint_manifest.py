@@ -161,3 +161,21 @@ def test_our_checkpoint_with_a_replaced_metadata_fails_verification_first(mg_dir
     with pytest.raises(CheckpointError, match=r"\.metadata: (wrong size|truncated|contents)"):
         convert_mg_to_hf(copy, tmp_path / "out")
     assert not marker.exists()
+
+
+def test_reading_a_legacy_file_keeps_what_megatron_allowed(tmp_path):
+    """torch's ``safe_globals`` context drops its classes on exit, also those registered for
+    good before it: a legacy file read must leave megatron-core's allow-list (which a
+    torch_dist checkpoint's common.pt read later in the process needs) as it was."""
+    import argparse
+
+    import megatron.core  # noqa: F401 - registers its allow-list (argparse.Namespace among it)
+    import torch
+
+    from mindspeed_rl.checkpoint.legacy_megatron import read_legacy_file
+
+    path = tmp_path / "model_optim_rng.pt"
+    torch.save({"args": argparse.Namespace(num_layers=2), "model": {}}, path)
+    assert argparse.Namespace in torch.serialization.get_safe_globals()
+    assert read_legacy_file(path)["args"].num_layers == 2
+    assert argparse.Namespace in torch.serialization.get_safe_globals()

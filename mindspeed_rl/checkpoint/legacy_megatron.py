@@ -81,8 +81,12 @@ def read_legacy_file(path: str | Path) -> dict:
     Raises CheckpointError naming the type when the file needs more than the allow-list.
     """
     path = Path(path)
+    # Only what is not allowed already: torch's context removes its list on exit, also the
+    # classes megatron-core registered for good (argparse.Namespace), which a torch_dist
+    # checkpoint's common.pt read later in the process needs.
+    registered = set(torch.serialization.get_safe_globals())
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
+        with torch.serialization.safe_globals([g for g in allowed_globals() if g not in registered]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - the unpickler's message names the global
         try:
@@ -243,13 +247,13 @@ def _experts_per_rank(model_state: dict, local_name: str) -> int:
 def load_legacy_megatron_checkpoint(model, arch, load: str | Path,
                                     iteration: int | None | str = "latest") -> Path:
     """Fill this rank's shard of ``model`` from a legacy checkpoint saved at any TP/PP/EP."""
+    from mindspeed_rl.checkpoint import mindspeed_llm_mla
     from mindspeed_rl.models.builder import _tp_rank_and_size, global_weight_names, weight_of
 
     path = legacy_iteration_dir(load, iteration)
     wm = arch.weight_map
     tc = arch.transformer_config_kwargs
-    mla = ({k: tc.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim",
-                                   "qk_pos_emb_head_dim", "v_head_dim", "num_attention_heads")}
+    mla = ({k: tc.get(k) for k in mindspeed_llm_mla.MLA_FIELDS}
            if tc.get("multi_latent_attention") else None)
     full = full_state_dict(path, wm, mla)
     names = global_weight_names(model)  # parameters and weight buffers (the router's expert bias)

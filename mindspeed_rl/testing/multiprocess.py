@@ -16,6 +16,7 @@ runs a tensor op, builds a group or initialises megatron).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -117,6 +118,10 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 600
             p.join(timeout=max(1.0, deadline - time.monotonic()))
         return [by_rank[r] for r in range(world_size)]
     finally:
+        # A rank stopped early skips its exit handlers, so helpers it started (megatron's
+        # checkpoint writer starts a multiprocessing manager) would outlive it, holding the
+        # test session's stdout open: they are stopped with it.
+        helpers = [c for p in procs if p.is_alive() for c in _descendants(p.pid)]
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -124,5 +129,18 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 600
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+        for helper in helpers:
+            with contextlib.suppress(Exception):
+                helper.kill()
         results.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _descendants(pid: int) -> list:
+    """The live processes ``pid`` started, and theirs (psutil handles)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []

@@ -172,3 +172,76 @@ def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,
         dist.barrier()
         if dist.get_rank() == 0:
             (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+
+
+def save_mindspeed_llm_torch_dist(model, config, style: str, out_dir: str, iteration: int) -> None:
+    """``model`` (an MLA model at TP x PP 1, DP 1) saved as MindSpeed-LLM saves it with
+    ``--ckpt-format torch_dist``: megatron-core's sharded state dict of its own MLA modules
+    (mindspeed_llm/tasks/models/transformer/multi_latent_attention.py): the fused down
+    projection ``linear_qkv`` is a plain ``torch.nn.Linear`` (``LinearNoTP``), whole and
+    replicated over TP, without ``_extra_state``; its up projections are column-parallel,
+    as ``linear_qb``/``linear_kvb`` with ``k_layernorm`` (``style="older"``) or the
+    ``--mla-mm-split`` parts (``style="mm_split"``). Run on every rank."""
+    import dataclasses
+
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    group, tp = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
+    rank = ps.get_tensor_model_parallel_rank()
+    heads = config.num_attention_heads // tp
+    widths = {"linear_q_up_proj": (config.qk_head_dim, config.qk_pos_emb_head_dim),
+              "linear_kv_up_proj": (config.qk_head_dim, config.v_head_dim)}
+    parts = {"linear_q_up_proj": ("linear_qk_nope", "linear_qk_rope"),
+             "linear_kv_up_proj": ("linear_kv_nope", "linear_v")}
+    older = {"linear_q_up_proj": "linear_qb", "linear_kv_up_proj": "linear_kvb", "kv_layernorm": "k_layernorm"}
+
+    def full_rows(t):
+        shards = [torch.empty_like(t) for _ in range(tp)]
+        dist.all_gather(shards, t.contiguous(), group=group)
+        return torch.cat(shards)
+
+    state = model.sharded_state_dict()
+    out = {}
+    for key, sh in state.items():
+        pre, sep, rest = sh.key.partition("self_attention.")
+        module = rest.split(".")[0] if sep else None
+        tail = rest[len(module or ""):]
+        # megatron-core stacks the layers along a first axis, or, for models whose layers
+        # differ (DeepSeek-V3's dense first layers), keeps one key per layer.
+        p = getattr(sh, "prepend_axis_num", 0)
+        layer = [(i, sh.global_offset[i], sh.global_shape[i]) for i in range(p)]
+        if module in ("linear_q_down_proj", "linear_kv_down_proj") and key.endswith("._extra_state"):
+            continue   # LinearNoTP keeps none
+        if module == "linear_q_down_proj":
+            kv = state[key.replace("linear_q_down_proj", "linear_kv_down_proj")]
+            fused = torch.cat([full_rows(sh.data), full_rows(kv.data)])
+            out[key.replace("linear_q_down_proj", "linear_qkv")] = ShardedTensor.from_rank_offsets(
+                pre + sep + "linear_qkv" + tail, fused, *layer, replica_id=(0, rank, 0), prepend_axis_num=p)
+        elif module == "linear_kv_down_proj":
+            continue
+        elif module in parts and style == "mm_split":
+            for name, part in zip(parts[module], range(2)):
+                if key.endswith("._extra_state"):
+                    out[key.replace(module, name)] = dataclasses.replace(sh, key=pre + sep + name + tail)
+                    continue
+                a = sh.data.reshape(heads, sum(widths[module]), -1).split(list(widths[module]), dim=1)[part]
+                out[key.replace(module, name)] = ShardedTensor.from_rank_offsets(
+                    pre + sep + name + tail, a.reshape(heads * widths[module][part], -1).clone(), *layer,
+                    (p, rank, tp), replica_id=sh.replica_id, prepend_axis_num=p)
+        elif module in older and style == "older":
+            out[key.replace(module, older[module])] = dataclasses.replace(sh, key=pre + sep + older[module] + tail)
+        else:
+            out[key] = sh
+    folder = Path(out_dir) / f"iter_{iteration:07d}"
+    if dist.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    args = argparse.Namespace(num_layers=config.num_layers, tensor_model_parallel_size=tp,
+                              multi_latent_attention=True, ckpt_format="torch_dist")
+    dist_checkpointing.save({"model": out, "args": args, "iteration": iteration,
+                             "checkpoint_version": 3.0}, str(folder))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))

@@ -5,7 +5,8 @@ A tiny random `DeepseekV3ForCausalLM` is converted to megatron and back with
 tools/convert_ckpt.py (as a user runs it), then one 2-rank gloo run loads the checkpoint at
 TP 1, TP 2, EP 2 and PP 2 with uneven stages ("1,2") and compares the logits with
 transformers' (fp32). The same run saves the TP 2 model as MindSpeed-LLM names MLA in its
-legacy checkpoints and loads those at EP 2.
+legacy checkpoints and loads those at EP 2, and in its torch_dist checkpoints, loaded at TP 2
+and at PP 2.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ LAYOUTS = [(1, 1, 1, None), (2, 1, 1, None), (1, 1, 2, None), (1, 2, 1, "1,2")]
 # MindSpeed-LLM's names for MLA in its checkpoints: older releases, --mla-mm-split, and older
 # with the experts as --moe-grouped-gemm saves them.
 MINDSPEED_LLM_STYLES = ("older", "mm_split", "grouped_gemm")
+# ... and in its torch_dist checkpoints (megatron-core's sharded state dict of its MLA modules).
+TORCH_DIST_STYLES = ("older", "mm_split")
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
@@ -80,6 +83,13 @@ def _parity_worker(hf_dir, mg_dir, mindspeed_llm_dir):
                 for style in MINDSPEED_LLM_STYLES:
                     write_rank_file(mindspeed_llm_mla_state(model, model.config, style), model.config,
                                     f"{mindspeed_llm_dir}/{style}", iteration=3)
+                from legacy_megatron_ckpt import save_mindspeed_llm_torch_dist
+
+                for style in TORCH_DIST_STYLES:
+                    save_mindspeed_llm_torch_dist(model, model.config, style,
+                                                  f"{mindspeed_llm_dir}/torch_dist_{style}", iteration=5)
+                    results[("mindspeed_llm_torch_dist", style, "tp2")] = _reloaded_diff(
+                        model, f"{mindspeed_llm_dir}/torch_dist_{style}", tokens, reference, arch)
             if ep == 2:
                 # ... read at EP 2 into a model whose weights were zeroed first.
                 from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
@@ -92,6 +102,11 @@ def _parity_worker(hf_dir, mg_dir, mindspeed_llm_dir):
                     load_legacy_megatron_checkpoint(model, arch, f"{mindspeed_llm_dir}/{style}")
                     diff = megatron_logits(model, tokens)[..., :arch.vocab_size] - reference
                     results[("mindspeed_llm", style)] = max_abs_diff_global(diff)
+            if pp == 2:
+                # ... and its torch_dist checkpoints, read at PP 2 with uneven stages.
+                for style in TORCH_DIST_STYLES:
+                    results[("mindspeed_llm_torch_dist", style, "pp2")] = _reloaded_diff(
+                        model, f"{mindspeed_llm_dir}/torch_dist_{style}", tokens, reference, arch)
             if (tp, pp, ep) == (1, 1, 1):
                 # A model started from another (the trainer's reference from the policy) gets
                 # its weight buffers too.
@@ -109,6 +124,20 @@ def _parity_worker(hf_dir, mg_dir, mindspeed_llm_dir):
         finally:
             destroy_megatron_parallel()
     return results
+
+
+def _reloaded_diff(model, torch_dist_dir, tokens, reference, arch) -> float:
+    """The logits' largest difference from ``reference`` after ``model``'s weights were
+    zeroed and loaded from the torch_dist checkpoint ``torch_dist_dir``."""
+    from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
+    from mindspeed_rl.models.parity import max_abs_diff_global, megatron_logits
+
+    with torch.no_grad():
+        for t in model.parameters():
+            t.zero_()
+    load_megatron_checkpoint(model, torch_dist_dir)
+    logits = megatron_logits(model, tokens)
+    return max_abs_diff_global(None if logits is None else logits[..., :arch.vocab_size] - reference)
 
 
 # ---- fixtures --------------------------------------------------------------------------------
@@ -196,3 +225,20 @@ def test_mindspeed_llm_checkpoint_with_its_mla_names_loads(converted, parity, st
     grouped = any(n.endswith("mlp.experts.weight1") for n in names)
     assert grouped == (style == "grouped_gemm") and grouped != any("local_experts" in n for n in names)
     assert parity[("mindspeed_llm", style)] <= TOLERANCE
+
+
+@pytest.mark.parametrize("style", TORCH_DIST_STYLES)
+def test_mindspeed_llm_torch_dist_checkpoint_with_its_mla_names_loads(converted, parity, style):
+    """A MindSpeed-LLM torch_dist checkpoint of the model (saved at TP 2, its MLA tensors under
+    its own names) loads at TP 2, and at PP 2 with uneven stages, to transformers' logits."""
+    from megatron.core import dist_checkpointing
+
+    _, mg, _, _ = converted
+    stored = set(dist_checkpointing.load_tensors_metadata(
+        str(mg.parent / "mindspeed_llm" / f"torch_dist_{style}" / "iter_0000005")))
+    theirs = {"older": ("linear_qkv", "linear_qb", "linear_kvb", "k_layernorm"),
+              "mm_split": ("linear_qkv", "linear_qk_nope", "linear_qk_rope", "linear_kv_nope", "linear_v")}
+    assert {f"decoder.layers.1.self_attention.{m}.weight" for m in theirs[style]} <= stored, sorted(stored)
+    assert not any("linear_q_down_proj" in n or "linear_kv_up_proj" in n for n in stored)
+    assert parity[("mindspeed_llm_torch_dist", style, "tp2")] <= TOLERANCE
+    assert parity[("mindspeed_llm_torch_dist", style, "pp2")] <= TOLERANCE

@@ -178,7 +178,8 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
         # numpy RNG state, its enums) with torch when it is imported.
         with torch.no_grad(), restricted_unpickling(path):
             request = {k: v for k, v in model.sharded_state_dict().items() if k not in exclude}
-            state = dist_checkpointing.load(request, str(path))
+            asked, finish = _mindspeed_llm_mla_request(model, request, path)
+            state = finish(dist_checkpointing.load(asked, str(path)))
             # A trainer checkpoint also holds optimizer, RNG and run state; dist_checkpointing
             # returns its non-sharded part (common.pt) beside what was asked for.
             result = model.load_state_dict({k: v for k, v in state.items() if k in request},
@@ -195,6 +196,22 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
             f"{path}: cannot load into the model built from {Path(mg_dir) / 'config.json'}: "
             f"{_root_cause(exc)}") from exc
     return path
+
+
+def _mindspeed_llm_mla_request(model, request: dict, path: Path):
+    """``request`` and the identity, or, for a model with multi-latent attention, a request
+    that also reads MindSpeed-LLM's names for its MLA tensors (a torch_dist checkpoint saved
+    by MindSpeed-LLM; ``mindspeed_llm_mla.torch_dist_request``) and the step that turns
+    them into the model's."""
+    if not getattr(model.config, "multi_latent_attention", False):
+        return request, lambda state: state
+    from megatron.core import dist_checkpointing
+
+    from mindspeed_rl.checkpoint import mindspeed_llm_mla
+
+    stored = dist_checkpointing.load_tensors_metadata(str(path))
+    dims = {k: getattr(model.config, k) for k in mindspeed_llm_mla.MLA_FIELDS}
+    return mindspeed_llm_mla.torch_dist_request(request, stored, dims)
 
 
 def _reraise_untrusted(exc: BaseException) -> None:

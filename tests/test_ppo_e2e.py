@@ -164,3 +164,5 @@ def test_unusable_reward_model_is_refused_at_start(assets, kind, message):
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-3000:]
     assert "pretrain_grpo.py: error:" in proc.stderr
+    # Refused from its files, before vLLM was built (its CPU worker logs its NUMA binding).
+    assert "init_cpu_memory_env" not in proc.stderr, proc.stderr[-3000:]

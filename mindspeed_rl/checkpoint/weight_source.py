@@ -185,24 +185,38 @@ def load_value_weights(model, arch, load_dir: str | os.PathLike, *,
     (``num_labels`` > 1) is refused. Call on every rank (megatron checkpoints load
     collectively).
     """
-    from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, checkpoint_path, checkpoint_tensor_keys,
-                                                      load_megatron_checkpoint)
+    from mindspeed_rl.checkpoint.megatron_dir import META_FILE, checkpoint_tensor_keys, load_megatron_checkpoint
     from mindspeed_rl.models.hf_io import HFCheckpointReader
-    from mindspeed_rl.models.value_head import (VALUE_HEAD, load_value_weights_from_hf,
-                                                no_score_head_error)
+    from mindspeed_rl.models.value_head import VALUE_HEAD, load_value_weights_from_hf
 
     load_dir = Path(load_dir)
     if not (load_dir / META_FILE).is_file():
         return load_value_weights_from_hf(model, arch, HFCheckpointReader(load_dir),
                                           require_score_head=require_score_head)
+    if require_score_head:
+        check_score_head(load_dir, model.config.hidden_size, iteration)
     if VALUE_HEAD in checkpoint_tensor_keys(load_dir, iteration):
         load_megatron_checkpoint(model, load_dir, iteration)
         return True
-    if require_score_head:
-        raise no_score_head_error(str(checkpoint_path(load_dir, iteration)),
-                                  f"the megatron checkpoint {load_dir} (an LM: it stores no {VALUE_HEAD!r})")
     load_megatron_checkpoint(model, load_dir, iteration, exclude=(VALUE_HEAD,))
     return False
+
+
+def check_score_head(load_dir: str | os.PathLike, hidden_size: int,
+                     iteration: int | None | str = "latest") -> None:
+    """A reward model's checkpoint (HF directory or megatron checkpoint) holds a scalar score
+    head; otherwise `CheckpointError` naming the file. Reads file headers and checkpoint
+    metadata only, so a launch refuses it before any model is built."""
+    from mindspeed_rl.checkpoint.megatron_dir import META_FILE, checkpoint_path, checkpoint_tensor_keys
+    from mindspeed_rl.models.hf_io import HFCheckpointReader
+    from mindspeed_rl.models.value_head import VALUE_HEAD, check_hf_score_head, no_score_head_error
+
+    load_dir = Path(load_dir)
+    if not (load_dir / META_FILE).is_file():
+        check_hf_score_head(HFCheckpointReader(load_dir), hidden_size)
+    elif VALUE_HEAD not in checkpoint_tensor_keys(load_dir, iteration):
+        raise no_score_head_error(str(checkpoint_path(load_dir, iteration)),
+                                  f"the megatron checkpoint {load_dir} (an LM: it stores no {VALUE_HEAD!r})")
 
 
 def recorded_start(load: str | Path) -> dict | None:

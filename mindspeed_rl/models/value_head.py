@@ -243,15 +243,21 @@ def load_value_weights_from_hf(model, arch: ModelArchitecture, reader, *, requir
     from mindspeed_rl.models.builder import load_hf_weights
 
     varch = value_architecture(arch)
-    if SCORE in reader:
-        _check_score_shape(reader, model.config.hidden_size)
+    if SCORE in reader or require_score_head or is_sequence_classification(reader.config):
+        check_hf_score_head(reader, model.config.hidden_size)
         load_hf_weights(model, varch, reader, progress=progress)
         return True
-    if require_score_head or is_sequence_classification(reader.config):
-        archs = getattr(reader.config, "architectures", None) or ["?"]
-        raise no_score_head_error(_hf_files(reader), f"{reader.dir} ({archs[0]})")
     load_hf_weights(model, varch, reader, progress=progress, exclude=(VALUE_HEAD,))
     return False
+
+
+def check_hf_score_head(reader, hidden_size: int) -> None:
+    """An HF checkpoint (an open `HFCheckpointReader`: file headers only) holds a scalar
+    score head of ``[1, hidden_size]``; otherwise `CheckpointError` naming the file."""
+    if SCORE not in reader:
+        archs = getattr(reader.config, "architectures", None) or ["?"]
+        raise no_score_head_error(_hf_files(reader), f"{reader.dir} ({archs[0]})")
+    _check_score_shape(reader, hidden_size)
 
 
 def last_token_values(values: torch.Tensor, input_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:

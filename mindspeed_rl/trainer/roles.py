@@ -106,6 +106,9 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
         trainable=dict(use_distributed_optimizer=mt.use_distributed_optimizer, bf16=mt.bf16,
                        max_consecutive_skipped_steps=rl.max_consecutive_skipped_steps),
         total_steps=mt.train_iters * plan.batch.optimizer_steps_per_iteration)
+    rm_arch = None
+    if config.reward_config is not None:  # refused from its files, before any model is built
+        rm_arch = reward_model_architecture(config.reward_config.load, arch, model_dir)
     actor = build_actor(config.actor_config, env, start)
     rollout = build_rollout(config, model_dir, platform)
     resharder = build_resharder(config.generate_config, actor, rollout, env, platform)
@@ -122,7 +125,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
         roles.critic, roles.critic_swap = build_critic(config.critic_config, env, start)
     if config.reward_config is not None:
         roles.reward_model, roles.reward_model_swap = build_reward_model(
-            config.reward_config, env, model_dir)
+            config.reward_config, env, rm_arch)
     if config.teacher_config is not None:
         from mindspeed_rl.trainer.teacher_role import build_teacher
 
@@ -238,12 +241,11 @@ def build_critic(section, env: RoleEnv, start) -> tuple[MegatronCritic, RoleSwap
     return critic, swap
 
 
-def build_reward_model(section, env: RoleEnv, model_dir: str):
-    """A frozen scalar-head reward model (``reward_config``) that shares the actor's
-    tokenizer; offloaded between its phases. Returns (model, swap)."""
+def build_reward_model(section, env: RoleEnv, rm_arch):
+    """A frozen scalar-head reward model (``reward_config``) of ``rm_arch``
+    (`reward_model_architecture`); offloaded between its phases. Returns (model, swap)."""
     from mindspeed_rl.checkpoint.weight_source import load_value_weights
 
-    rm_arch = reward_model_architecture(section.load, env.arch, model_dir)
     rm = _scalar_head_model(rm_arch, env.model_options, seed=env.seed)
     load_value_weights(rm, rm_arch, section.load, require_score_head=True)
     rm.requires_grad_(False)
@@ -263,7 +265,10 @@ def _scalar_head_model(arch, model_options: dict, seed: int, head_std: float | N
 
 def reward_model_architecture(rm_dir: str, actor_arch, actor_dir: str):
     """The reward model's architecture, refused when its vocabulary or tokenizer differs
-    from the actor's (its scores would read other tokens than the policy wrote)."""
+    from the actor's (its scores would read other tokens than the policy wrote) or its
+    checkpoint holds no scalar score head. Reads files only (config, tokenizers, tensor
+    headers), so a bad reward model is refused before vLLM and the actor are built."""
+    from mindspeed_rl.checkpoint.weight_source import check_score_head
     from mindspeed_rl.models.builder import describe_hf_dir
 
     if not os.path.isfile(os.path.join(rm_dir, "config.json")):
@@ -284,4 +289,5 @@ def reward_model_architecture(rm_dir: str, actor_arch, actor_dir: str):
             raise ValueError(f"reward_config.load={rm_dir}: its tokenizer maps tokens to other "
                              f"ids than the actor's ({actor_dir}); use a reward model trained "
                              "with the actor's tokenizer")
+    check_score_head(rm_dir, rm_arch.transformer_config_kwargs["hidden_size"])
     return rm_arch

@@ -24,7 +24,8 @@ shards are concatenated along rows, and ``combine`` turns the full fused and spl
 into megatron-core's (pure functions of full, TP-gathered tensors). Legacy checkpoints
 (``model_optim_rng.pt`` per rank) are read through them by ``legacy_megatron.py``;
 ``torch_dist`` checkpoints (``--ckpt-format torch_dist``, where each global tensor is stored
-once under its name, layers stacked along a first axis) through ``torch_dist_request``, which
+once under its name: the layers stacked along a first axis, or one key per layer when the
+layers differ, as DeepSeek-V3's dense and MoE layers do) through ``torch_dist_request``, which
 asks megatron-core's loader for MindSpeed-LLM's tensors of each layer whole and cuts this
 rank's shards of megatron-core's out of them.
 """
@@ -135,7 +136,7 @@ def torch_dist_request(request: dict, stored: dict, dims: dict
     megatron-core's names).
 
     ``stored``: the checkpoint's tensor metadata (``dist_checkpointing.load_tensors_metadata``:
-    checkpoint key -> global shape). Each requested MLA tensor the checkpoint does not hold
+    checkpoint key -> a ShardedTensor without data, of the global shape and stored dtype). Each requested MLA tensor the checkpoint does not hold
     under its own key is replaced by requests of the MindSpeed-LLM tensors of its layer it is
     made from, whole (the fused down projection is not sharded; an up projection's parts are
     taken on every TP rank); ``dims``: :data:`MLA_FIELDS`. The megatron ``_extra_state`` of

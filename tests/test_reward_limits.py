@@ -184,3 +184,33 @@ def test_a_verifier_the_workers_cannot_import_is_named():
             compute_rewards(["43"], ["43"], ["test_local_closure"], [1.0], pool=pool)
     finally:
         pool.close()
+
+
+def test_a_worker_ends_when_its_rank_closes_the_pipe():
+    """A reward worker answers its calls and returns when the rank's end of the pipe closes
+    (a rank that ends without sending ``None``), not only on ``None``."""
+    import multiprocessing as mp
+    import threading
+
+    from mindspeed_rl.rewards.worker import serve
+
+    tasks_out, tasks_in = mp.Pipe(duplex=False)    # rank -> worker
+    replies_out, replies_in = mp.Pipe(duplex=False)  # worker -> rank
+    ended = []
+
+    def run():
+        try:
+            serve(tasks_out, replies_in, [])
+            ended.append("returned")
+        except BaseException as error:  # noqa: BLE001 - the outcome under test
+            ended.append(repr(error))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    assert replies_out.recv()[0] == "ready"
+    tasks_in.send((7, "math_answer", "The answer is \\boxed{4}.", "4"))
+    assert replies_out.recv() == (7, True, 1.0)
+    tasks_in.close()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the worker kept waiting on a closed pipe"
+    assert ended == ["returned"]

@@ -199,7 +199,9 @@ class RewardConfig:
 
     load: str = setting(doc=(
         "the reward model: an HF *ForSequenceClassification directory, or a checkpoint "
-        "tools/convert_ckpt.py made from one (it keeps the score head)"), path=True)
+        "tools/convert_ckpt.py made from one (it keeps the score head). One without a "
+        "[1, hidden] score head, or with another vocabulary or tokenizer than the actor's, is "
+        "refused from its files at start, before vLLM and the actor are built"), path=True)
     weight: float = setting(1.0, "weight of the reward model's score in the reward, next to "
                                  "rl_config.verifier_weight of the rule verifiers")
     micro_batch_size: int = setting(1, "responses per reward-model forward micro-batch on one "

@@ -20,10 +20,11 @@ CONFIG = ROOT / "configs" / "grpo_tiny_test.yaml"
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("multi_turn")
-    train, _ = make_arithmetic_problems(64, 8, seed=0, max_operand=20, ops="+")
+    train, test = make_arithmetic_problems(64, 8, seed=0, max_operand=20, ops="+")
     write_jsonl(train, root / "train.jsonl")
+    write_jsonl(test, root / "test.jsonl")
     model = make_tiny_hf_dir("qwen2", root / "qwen2", max_position_embeddings=2048)
-    return {"root": root, "model": model, "data": root / "train.jsonl"}
+    return {"root": root, "model": model, "data": root / "train.jsonl", "test": root / "test.jsonl"}
 
 
 def launch(assets, run: str, *overrides: str):
@@ -62,10 +63,19 @@ def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
     part = stopped_at(full_ckpt, 2, assets["root"] / "ckpt_part")
     proc, resumed = launch(assets, "part", "megatron_training.train_iters=3",
                            f"actor_config.load={part}", f"actor_config.save={part}",
-                           "rl_config.async_engine=true")
+                           "rl_config.async_engine=true",
+                           f"megatron_training.test_data_path={assets['test']}",
+                           "megatron_training.num_test_prompts=4")
     assert "multi-turn: step-wise (rl_config.async_engine)" in proc.stdout
     again = training_rows(resumed)
     assert sorted(again) == [3]
+    # the evaluation after the last iteration runs the policy with its tools (the agent loop,
+    # greedy) and without them, each on the 4 test prompts
+    evaluation, = [r for r in resumed if "eval/accuracy" in r]
+    assert evaluation["iteration"] == 3 and evaluation["eval/num_prompts"] == 4
+    assert evaluation["eval/tool_call_rate"] == 1.0  # the scripted parser calls the tool
+    assert 0.0 <= evaluation["eval/accuracy"] <= 1.0
+    assert 0.0 <= evaluation["eval/accuracy_without_tools"] <= 1.0
     for key in ("reward/mean", "multi_turn/model_tokens", "multi_turn/tool_tokens",
                 "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
                 "response_length/mean"):

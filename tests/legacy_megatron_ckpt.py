@@ -158,20 +158,27 @@ def save_torch_dist_checkpoint(hf_dir: str, out_dir: str, tp: int, pp: int,
                                iteration: int) -> None:
     """Megatron-LM's ``--ckpt-format torch_dist``: dist_checkpointing.save of the model's
     sharded state dict plus args, iteration and version in common.pt; run on every rank."""
-    from megatron.core import dist_checkpointing
-
     with _model_at_layout(hf_dir, tp, pp) as (model, config):
-        folder = Path(out_dir) / f"iter_{iteration:07d}"
-        if dist.get_rank() == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
         args = argparse.Namespace(num_layers=config.num_layers, tensor_model_parallel_size=tp,
                                   pipeline_model_parallel_size=pp, ckpt_format="torch_dist")
-        dist_checkpointing.save({"model": model.sharded_state_dict(), "args": args,
-                                 "iteration": iteration, "checkpoint_version": 3.0}, str(folder))
-        dist.barrier()
-        if dist.get_rank() == 0:
-            (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+        _save_torch_dist(model.sharded_state_dict(), args, out_dir, iteration)
+
+
+def _save_torch_dist(sharded_state: dict, args: argparse.Namespace, out_dir: str,
+                     iteration: int) -> None:
+    """``iter_NNNNNNN/`` of ``out_dir`` as Megatron-LM writes it with torch_dist (the model's
+    sharded state, args, iteration and version in common.pt) and the tracker file; collective."""
+    from megatron.core import dist_checkpointing
+
+    folder = Path(out_dir) / f"iter_{iteration:07d}"
+    if dist.get_rank() == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save({"model": sharded_state, "args": args, "iteration": iteration,
+                             "checkpoint_version": 3.0}, str(folder))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
 
 
 def save_mindspeed_llm_torch_dist(model, config, style: str, out_dir: str, iteration: int) -> None:
@@ -184,7 +191,6 @@ def save_mindspeed_llm_torch_dist(model, config, style: str, out_dir: str, itera
     ``--mla-mm-split`` parts (``style="mm_split"``). Run on every rank."""
     import dataclasses
 
-    from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing import ShardedTensor
 
@@ -234,14 +240,6 @@ def save_mindspeed_llm_torch_dist(model, config, style: str, out_dir: str, itera
             out[key.replace(module, older[module])] = dataclasses.replace(sh, key=pre + sep + older[module] + tail)
         else:
             out[key] = sh
-    folder = Path(out_dir) / f"iter_{iteration:07d}"
-    if dist.get_rank() == 0:
-        folder.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
     args = argparse.Namespace(num_layers=config.num_layers, tensor_model_parallel_size=tp,
                               multi_latent_attention=True, ckpt_format="torch_dist")
-    dist_checkpointing.save({"model": out, "args": args, "iteration": iteration,
-                             "checkpoint_version": 3.0}, str(folder))
-    dist.barrier()
-    if dist.get_rank() == 0:
-        (Path(out_dir) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    _save_torch_dist(out, args, out_dir, iteration)

@@ -6,7 +6,7 @@ Run under torchrun, e.g.::
     torchrun --nproc_per_node 4 benchmarks/bench_transfer_dock.py --algorithm ppo --mode centralized
 
 One iteration replays the declared flow of the algorithm: the phases of
-``mindspeed_rl.trainer.recipes.ALGORITHMS`` in order, each getting and putting the
+each family's default recipe (``registry.phases``) in order, each getting and putting the
 columns ``mindspeed_rl/trainer/columns.py`` declares for it, through the trainer's
 own ``SampleFlow`` (so the contract is checked here too), with the trainer's
 consumer layouts and get sizes:
@@ -53,8 +53,16 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from mindspeed_rl.trainer.columns import COLUMNS  # noqa: E402
 from mindspeed_rl.trainer.flow import SampleFlow  # noqa: E402
-from mindspeed_rl.trainer.recipes import ALGORITHMS  # noqa: E402
+from mindspeed_rl.algorithms import registry  # noqa: E402
 from mindspeed_rl.transfer_dock import ConsumerLayout, build_transfer_dock  # noqa: E402
+
+
+# Each family's phase list with its default estimator under the family's name, and every
+# (family, estimator) pair's as "family/estimator", as the trainer orders them.
+ALGORITHMS = {**{a.name: registry.phases(a.name, a.default_estimator)
+                 for a in registry.algorithms()},
+              **{f"{a.name}/{e.name}": registry.phases(a.name, e.name)
+                 for a in registry.algorithms() for e in registry.estimators(a.name)}}
 
 
 def _parse() -> argparse.Namespace:

@@ -11,7 +11,10 @@ import torch
 from mindspeed_rl.testing.multiprocess import run_on_ranks
 from mindspeed_rl.trainer.columns import (COLUMNS, Column, ContractError, active_columns,
                                           check_contract)
-from mindspeed_rl.trainer.recipes import ALGORITHMS, PHASES
+from mindspeed_rl.trainer.recipes import PHASES, recipes
+
+ALGORITHMS = recipes()  # every (family, estimator) pair's phases
+GRPO, PPO = ALGORITHMS["grpo/group_norm"], ALGORITHMS["ppo/gae"]
 
 
 def test_the_contract_holds_for_every_algorithm():
@@ -41,7 +44,7 @@ def test_unknown_phases_are_refused():
 
 
 def test_each_algorithm_stores_only_what_it_reads():
-    grpo, ppo = active_columns(ALGORITHMS["grpo"]), active_columns(ALGORITHMS["ppo"])
+    grpo, ppo = active_columns(GRPO), active_columns(PPO)
     assert {"values", "returns"} <= ppo and not {"values", "returns"} & grpo
     assert {"group_id", "sample_idx"} <= grpo and not {"group_id", "sample_idx"} & ppo
     for name in grpo | ppo:  # what is stored has a producer and a consumer in the algorithm
@@ -53,7 +56,7 @@ def _flow_misuse() -> dict:
     from mindspeed_rl.trainer.flow import SampleFlow
     from mindspeed_rl.transfer_dock import ConsumerLayout, build_transfer_dock
 
-    flow = SampleFlow(build_transfer_dock("distributed", timeout_s=60), ALGORITHMS["grpo"],
+    flow = SampleFlow(build_transfer_dock("distributed", timeout_s=60), GRPO,
                       {"all": ConsumerLayout(((0,),))})
     ids = [torch.arange(3)]
     errors = {}

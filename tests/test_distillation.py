@@ -9,11 +9,14 @@ reverse KL, KL(pi_s || pi_t) (not the forward KL(pi_t || pi_s)).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from mindspeed_rl.algorithms import LOSS_AGG_MODES, policy_loss, registry
-from mindspeed_rl.algorithms.distillation import (ON_POLICY_DISTILL, distillation_advantages,
+from mindspeed_rl.algorithms.estimator import AdvantageInputs, local_sums
+from mindspeed_rl.algorithms.distillation import (distillation_advantages,
                                                   distillation_metrics, distillation_sums)
 
 # Two responses of 4 tokens; row 0 has a tool response at position 2 (mask 0), row 1 is
@@ -31,8 +34,14 @@ def test_the_advantage_is_minus_the_per_token_reverse_kl_on_the_mask():
     # detached: no gradient flows through the advantage into the student
     student = LP_S.clone().requires_grad_(True)
     assert not distillation_advantages(student, LP_T, MASK).requires_grad
-    assert registry.estimator("on_policy_distill") is ON_POLICY_DISTILL
-    assert ON_POLICY_DISTILL.fn is distillation_advantages
+    # the registered estimator computes it on the trained tokens (its one call signature)
+    est = registry.estimator("on_policy_distill")
+    x = AdvantageInputs(rewards=torch.tensor([1.0, -0.5]), response_mask=torch.ones(2, 4),
+                        loss_mask=MASK.float(), logprobs_old=LP_S, logprobs_teacher=LP_T)
+    out = est.fn(x, local_sums, **est.kwargs(SimpleNamespace(
+        teacher_config=SimpleNamespace(task_reward_coef=0.0))))
+    torch.testing.assert_close(out.advantages, WANT, rtol=0, atol=1e-7)
+    assert out.metrics["distill/reverse_kl"] == pytest.approx(-float(WANT.sum()) / 6)  # 6 tokens
 
 
 def test_its_expectation_over_the_students_samples_is_minus_the_reverse_kl():

@@ -193,8 +193,10 @@ def test_a_trajectory_paused_by_partial_rollout_resumes_with_its_turn_and_mask()
     was (the open turn's calls parsed from the whole turn) and ends as the same trajectory
     an uncut run writes: tokens, loss mask, log-probs, turns and tool calls."""
     from mindspeed_rl.rollout.agent_loop import run_agent_loop as loop
-    from mindspeed_rl.trainer.rollout_rows import (PARTIAL, Row, columns_of, row_columns,
-                                                   rows_of)
+    from types import SimpleNamespace
+
+    from mindspeed_rl.trainer.rollout_parts.rows import (PARTIAL, Row, columns_of, row_columns,
+                                                         rows_of)
     from mindspeed_rl.transfer_dock import DockBatch
 
     tok = _tokenizer(CHAT_TEMPLATE)
@@ -206,7 +208,8 @@ def test_a_trajectory_paused_by_partial_rollout_resumes_with_its_turn_and_mask()
     whole = Trajectory(prompt=[5, 6, 7], seed=0)
     loop(_TurnStream(tok, turns), [whole], **common)
     assert whole.done and whole.tool_calls == 2 and whole.turns == 3
-    names = row_columns(partial=True, multi_turn=True)
+    names = row_columns(SimpleNamespace(partial_rollout=True, multi_turn=True,
+                                        replays_rollout_routing=False))
     stream = _TurnStream(tok, turns)
     row = Row(Trajectory(prompt=[5, 6, 7], seed=0), prompt_index=0, group_id=0, sample_idx=0,
               weight_version=0)
@@ -321,15 +324,13 @@ def test_keys_load_with_their_meaning(job, tmp_path):
      ["tools.yaml", "function.name"]),
     (GOOD_TOOL, {"max_tool_response_length": 0}, {}, ["rl_config.max_tool_response_length"]),
     (GOOD_TOOL, {}, {"prompt_type": "qwen_r1"}, ["megatron_training.prompt_type", "tool"]),
-    (GOOD_TOOL, {"partial_rollout_max_split": 2, "async_engine": True}, {},
-     ["rl_config.async_engine", "partial_rollout_max_split=2", "batch-wide"]),
     (GOOD_TOOL, {"tool_parser_format": "json"}, {}, ["rl_config.tool_parser_format"]),
     (GOOD_TOOL, {"tool_parser_format": "no_such_pkg.parsers:parse"}, {},
      ["rl_config.tool_parser_format", "does not resolve", "no_such_pkg"]),
     (GOOD_TOOL, {"max_total_response_length": 8}, {},
      ["rl_config.max_total_response_length"]),
-], ids=["yaml", "unknown_class", "no_name", "response_length", "prompt_type", "partial_async",
-        "parser", "parser_module", "total_length"])
+], ids=["yaml", "unknown_class", "no_name", "response_length", "prompt_type", "parser",
+        "parser_module", "total_length"])
 def test_bad_input_names_the_file_and_key(job, tmp_path, tool_yaml, rl, mt, words):
     text = error_of(load_config, job(megatron_training={"prompt_type": "qwen_retool", **mt},
                                      rl_config=_multi_turn(tmp_path, tool_yaml, **rl)))
@@ -400,12 +401,12 @@ class _RecordingPool:
 def _instance_pool_worker():
     import torch.distributed as dist
 
-    from mindspeed_rl.trainer.multi_turn import _InstancePool
+    from mindspeed_rl.trainer.rollout_parts.agent import InstancePool
 
     out = {}
     for tp_g in (2, 1):
         recording = _RecordingPool()
-        pool = _InstancePool(recording, tp_g, dist.get_world_size())
+        pool = InstancePool(recording, tp_g, dist.get_world_size())
         calls = [(0, "a"), (1, f"b{dist.get_rank() // tp_g}")]
         out[tp_g] = [pool.run(calls) for _ in range(2)], recording.calls
     return out

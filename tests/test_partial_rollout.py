@@ -61,15 +61,13 @@ def test_mindspeed_rl_keys_load(tiny):
 def test_mixed_version_row_weights_each_token_by_its_own_policy():
     """A response whose first 3 tokens an older policy generated (v0) and the last 2 the
     current one (v1): the old tokens weigh min(exp(proximal - behaviour), C), the new 1."""
-    from mindspeed_rl.trainer.phases import _mark_off_policy
+    from mindspeed_rl.trainer.off_policy import mark_off_policy
 
     proximal = torch.tensor([[-1.0, -2.0, -0.5, -1.2, -0.3]])
     behaviour = torch.tensor([[-1.5, -1.0, -3.0, -1.0, -0.9]])
     rows = SimpleNamespace(extras={"token_versions": [torch.tensor([0, 0, 0, 1, 1])],
                                    "birth_iteration": [torch.tensor(4)]})
-    ctx = SimpleNamespace(rl=SimpleNamespace(partial_rollout_max_split=2),
-                          it=SimpleNamespace(iteration=5))
-    _mark_off_policy(ctx, rows, proximal=1)
+    mark_off_policy(rows, proximal=1, iteration=5, max_split=2)
     off = rows.extras["off_policy"][0][None]
     assert off.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]]
     w = off_policy_is_weights(proximal, behaviour, off, 2.0)
@@ -86,14 +84,12 @@ def test_mixed_version_row_weights_each_token_by_its_own_policy():
 
 
 def test_a_row_older_than_the_bound_never_reaches_the_update():
-    from mindspeed_rl.trainer.phases import _mark_off_policy
+    from mindspeed_rl.trainer.off_policy import mark_off_policy
 
     rows = SimpleNamespace(extras={"token_versions": [torch.tensor([0])],
                                    "birth_iteration": [torch.tensor(2)]})
-    ctx = SimpleNamespace(rl=SimpleNamespace(partial_rollout_max_split=2),
-                          it=SimpleNamespace(iteration=4))
     with pytest.raises(RuntimeError, match="older than partial_rollout_max_split - 1 = 1"):
-        _mark_off_policy(ctx, rows, proximal=3)
+        mark_off_policy(rows, proximal=3, iteration=4, max_split=2)
 
 
 # ---- the pool's order ------------------------------------------------------------------------
@@ -111,7 +107,7 @@ class _Dock:
 
 
 def test_pool_orders_groups_oldest_first_and_unstarted_last():
-    from mindspeed_rl.trainer.partial_rollout import pool_of
+    from mindspeed_rl.trainer.rollout_parts.sources import pool_of
 
     dock = _Dock({"group": [7, 7, 3, 3, 9, 9, 5, 5], "birth": [2, 2, -1, -1, 1, 1, 2, 2],
                   "finished": [1, 0, 0, 0, 1, 1, 1, 1], "length": [4, 6, 0, 0, 3, 2, 5, 5]})
@@ -212,13 +208,10 @@ def test_the_policy_objective_weights_older_tokens_by_proximal_over_behaviour():
 def test_old_log_p_runs_only_when_the_update_leaves_the_proximal_weights(tiny):
     """With one optimizer step per iteration the update's forward runs at the weights the
     iteration started with, so a partial rollout needs no separate old_log_p forward."""
-    from mindspeed_rl.config.plan import make_plan
-    from mindspeed_rl.trainer.recipes import phases_of
-
     for mini_batch, expected in ((4, False), (2, True)):  # global_batch_size 4
         config = _load(tiny, **{"rl_config.partial_rollout_max_split": 2,
                                 "rl_config.mini_batch_size": mini_batch})
-        names = [p.name for p in phases_of(config, make_plan(config, 2))]
+        names = config.features.phases
         assert ("old_log_p" in names) == expected, (mini_batch, names)
 
 

@@ -5,17 +5,18 @@ reversed running return reset after each masked position, then ``masked_whiten``
 ``compute_reinforce_plus_plus_baseline_outcome_advantage`` (score minus its prompt's mean,
 tiled over the response, then ``masked_whiten``), with verl's ``masked_whiten``: mean and
 unbiased variance over the masked tokens (1e-8 added to the counts), rsqrt(var + 1e-8).
+The estimators are called as the trainer calls them (``AdvantageInputs`` and the sums).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mindspeed_rl.algorithms.advantages import whiten
-from mindspeed_rl.algorithms.masked import moments_from_sums
-from mindspeed_rl.algorithms.reinforce_plus_plus import (discounted_returns,
-                                                         group_mean_baseline,
-                                                         reinforce_plus_plus_advantages)
+from mindspeed_rl.algorithms import registry
+from mindspeed_rl.algorithms.advantages import gae_advantages
+from mindspeed_rl.algorithms.estimator import AdvantageInputs, local_sums
+from mindspeed_rl.algorithms.masked import whiten_over_ranks
+from mindspeed_rl.algorithms.reinforce_plus_plus import group_mean_baseline
 
 
 def _verl_masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -42,31 +43,50 @@ REWARDS = torch.tensor([[-0.01, 0.02, -0.03, 1.0], [0.01, -0.2, 0., 0.],
                         [0.0, -0.02, 1.19, 0.]]) * MASK
 
 
-def test_discounted_returns_match_verl():
+def _inputs(rewards_per_token: torch.Tensor, mask: torch.Tensor) -> AdvantageInputs:
+    """Inputs whose per-token reward (score on the last token - kl_coef x KL) is
+    ``rewards_per_token``: the score is its last token's, the KL the negated rest."""
+    last = mask.sum(dim=1).long() - 1
+    scores = rewards_per_token[torch.arange(len(mask)), last]
+    kl = -rewards_per_token.clone()
+    kl[torch.arange(len(mask)), last] = 0.0
+    return AdvantageInputs(rewards=scores, response_mask=mask, loss_mask=mask, kl=kl, kl_coef=1.0)
+
+
+def _two_ranks(parts) -> list[float]:
+    """The sums each of two 'ranks' holding ``parts`` would receive for whitening."""
+    local = []
+    for x, m in parts:
+        whiten_over_ranks(x, m, lambda v: local.append(v) or v)
+    return [sum(column) for column in zip(*local)]
+
+
+def test_discounted_returns_are_gae_without_critic_and_match_verl():
+    zeros = torch.zeros_like(REWARDS)
     for gamma in (1.0, 0.9):
-        torch.testing.assert_close(discounted_returns(REWARDS, MASK, gamma),
-                                   _verl_returns(REWARDS, MASK, gamma) * MASK, rtol=0, atol=1e-6)
+        returns, _ = gae_advantages(REWARDS, zeros, MASK, gamma, 1.0)
+        torch.testing.assert_close(returns, _verl_returns(REWARDS, MASK, gamma) * MASK,
+                                   rtol=0, atol=1e-6)
     # by hand, gamma 0.5, first row: 1.0; -0.03 + 0.5; 0.02 + 0.5 * 0.47; -0.01 + 0.5 * 0.255
-    got = discounted_returns(REWARDS, MASK, 0.5)[0]
+    got = gae_advantages(REWARDS, zeros, MASK, 0.5, 1.0)[0][0]
     torch.testing.assert_close(got, torch.tensor([0.1175, 0.255, 0.47, 1.0]), rtol=0, atol=1e-6)
 
 
 def test_reinforce_plus_plus_matches_verl():
+    est = registry.estimator("reinforce_plus_plus")
+    out = est.fn(_inputs(REWARDS, MASK), local_sums, gamma=0.9)
     want = _verl_masked_whiten(_verl_returns(REWARDS, MASK, 0.9), MASK) * MASK
-    torch.testing.assert_close(reinforce_plus_plus_advantages(REWARDS, MASK, 0.9), want,
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.advantages, want, rtol=0, atol=1e-5)
+    assert out.returns is None and est.kl_in_reward
 
 
-def test_the_phase_whitening_over_ranks_is_masked_whiten():
-    """The phase sums per rank and whitens with moments_from_sums: split the batch in two
-    'ranks' and get verl's one-batch answer."""
-    returns = discounted_returns(REWARDS, MASK, 0.9)
+def test_the_whitening_over_ranks_is_masked_whiten():
+    """Split the batch over two 'ranks', each whitening with the sums of both: verl's
+    one-batch answer."""
+    returns = gae_advantages(REWARDS, torch.zeros_like(REWARDS), MASK, 0.9, 1.0)[0]
     parts = [(returns[:2], MASK[:2]), (returns[2:], MASK[2:])]
-    sums = [sum(float((r * m).sum()) for r, m in parts),
-            sum(float((r.square() * m).sum()) for r, m in parts),
-            sum(float(m.sum()) for _, m in parts)]
-    mean, var = moments_from_sums(*sums)
-    got = torch.cat([whiten(r, m, mean, var) for r, m in parts])
+    total = _two_ranks(parts)
+    got = torch.cat([whiten_over_ranks(r, m, lambda v: total) for r, m in parts])
     want = _verl_masked_whiten(_verl_returns(REWARDS, MASK, 0.9), MASK) * MASK
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
@@ -78,10 +98,9 @@ def test_reinforce_plus_plus_baseline_matches_verl():
     centred = group_mean_baseline(scores)
     torch.testing.assert_close(centred[0], torch.tensor([1.0, 0.0, 1.2]) - 2.2 / 3,
                                rtol=0, atol=1e-6)
-    tiled = centred.reshape(-1, 1) * mask
-    mean, var = moments_from_sums(float(tiled.sum()), float(tiled.square().sum()),
-                                  float(mask.sum()))
-    got = whiten(tiled, mask, mean, var)
+    x = AdvantageInputs(rewards=scores.reshape(-1), response_mask=mask, loss_mask=mask,
+                        group_size=3)
+    got = registry.estimator("reinforce_plus_plus_baseline").fn(x, local_sums).advantages
     # verl: per prompt index, score minus the group mean (a group of one: minus 0)
     flat, index = scores.reshape(-1), [g for g in range(3) for _ in range(3)]
     means = {g: flat[[i for i, j in enumerate(index) if j == g]].mean() for g in range(3)}
@@ -98,29 +117,45 @@ def test_a_masked_token_inside_a_response_passes_the_return_through():
     final reward."""
     mask = torch.tensor([[1., 0., 1.]])
     rewards = torch.tensor([[0.0, 0.0, 1.0]])
-    torch.testing.assert_close(discounted_returns(rewards, mask, 0.5),
-                               torch.tensor([[0.5, 0.0, 1.0]]))
+    returns, _ = gae_advantages(rewards, torch.zeros_like(rewards), mask, 0.5, 1.0)
+    torch.testing.assert_close(returns, torch.tensor([[0.5, 0.0, 1.0]]))
     assert _verl_returns(rewards, mask, 0.5)[0, 0].item() == 0.0  # verl resets there
 
 
-def test_the_phase_puts_the_kl_to_the_reference_into_the_per_token_reward():
-    """discounted_returns' and gae's per-token reward (trainer/phases.py): the score on the
-    last token minus beta x KL(old || ref) on every token, from the rows' log-prob cells."""
+def test_the_kl_to_the_reference_enters_the_per_token_reward():
+    """The estimators that take the KL into their reward subtract kl_coef x KL on every
+    token and put the score on the last one; the phase gives them KL(old || ref) of the
+    rows' log-prob cells (``trainer/phases.py``)."""
     from types import SimpleNamespace
 
     from mindspeed_rl.algorithms.kl import kl_penalty
-    from mindspeed_rl.trainer.phases import _padded, _token_rewards
+    from mindspeed_rl.trainer.flow import pad_cells
+    from mindspeed_rl.trainer.phases import _advantage_inputs
 
     old = [torch.tensor([-0.5, -1.0, -0.2]), torch.tensor([-0.3])]
     ref = [torch.tensor([-0.7, -0.9, -0.2]), torch.tensor([-1.3])]
-    batch = {"rewards": [torch.tensor(1.0), torch.tensor(0.5)], "logprobs_old": old,
-             "logprobs_ref": ref}
-    ctx = SimpleNamespace(rl=SimpleNamespace(kl_penalty="low_var_kl"),
+    batch = _Batch({"rewards": [torch.tensor(1.0), torch.tensor(0.5)], "logprobs_old": old,
+                    "logprobs_ref": ref, "response_ids": [torch.zeros(3), torch.zeros(1)]})
+    ctx = SimpleNamespace(rl=SimpleNamespace(kl_penalty="low_var_kl", n_samples_per_prompt=1),
                           state=SimpleNamespace(kl_ctrl=SimpleNamespace(value=0.1)))
-    mask, _ = _padded(old)
-    rewards, kl, beta = _token_rewards(ctx, batch, mask, kl_in_reward=True)
-    want_kl = kl_penalty(_padded(old)[1], _padded(ref)[1], "low_var_kl") * mask
-    assert beta == 0.1 and kl.abs().sum() > 0.1
-    torch.testing.assert_close(kl, want_kl)
-    torch.testing.assert_close(rewards, torch.tensor([[0., 0., 1.], [0.5, 0., 0.]])
-                               - 0.1 * want_kl)
+    x = _advantage_inputs(ctx, batch, torch.arange(2), kl_in_reward=True)
+    mask = pad_cells(old)[0]
+    want_kl = kl_penalty(pad_cells(old)[1], pad_cells(ref)[1], "low_var_kl") * mask
+    assert x.kl_coef == 0.1 and x.kl.abs().sum() > 0.1
+    torch.testing.assert_close(x.kl, want_kl)
+    token_rewards = torch.tensor([[0., 0., 1.], [0.5, 0., 0.]]) - 0.1 * want_kl
+    out = registry.estimator("reinforce_plus_plus").fn(x, local_sums, gamma=1.0)
+    returns = gae_advantages(token_rewards, torch.zeros_like(mask), mask, 1.0, 1.0)[0]
+    torch.testing.assert_close(out.advantages, _verl_masked_whiten(returns, mask) * mask,
+                               rtol=0, atol=1e-5)
+
+
+class _Batch(dict):
+    """A dock batch's reading interface (columns by name)."""
+
+    @property
+    def columns(self):
+        return list(self)
+
+    def __len__(self):
+        return len(self["rewards"])

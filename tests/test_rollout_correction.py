@@ -164,7 +164,7 @@ def test_version_lag_counts_versions_and_enforces_the_bound():
     from types import SimpleNamespace
 
     from mindspeed_rl.engine.micro_batches import RowBatch
-    from mindspeed_rl.trainer.rollout_correction import version_lag
+    from mindspeed_rl.trainer.off_policy import version_lag
 
     def rows(**extras):
         return RowBatch([torch.ones(2)] * 2, [torch.ones(4), torch.ones(2)], extras)

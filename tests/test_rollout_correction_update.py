@@ -42,7 +42,7 @@ def _worker(hf_dir: str):
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.rollout_correction import (rollout_is_batch_mean,
+    from mindspeed_rl.trainer.off_policy import (rollout_is_batch_mean,
                                                           staleness_metrics, version_lag)
 
     setup_platform()

@@ -11,10 +11,18 @@ import torch
 from mindspeed_rl.algorithms.routing import (carry_routing, differing_routes, distinct_experts,
                                              routing_dtype)
 from mindspeed_rl.rollout.agent_loop import Trajectory
-from mindspeed_rl.trainer.rollout_rows import Row, columns_of, row_columns, rows_of
+from mindspeed_rl.trainer.rollout_parts.rows import Row, columns_of, row_columns, rows_of
 from mindspeed_rl.transfer_dock import DockBatch
 
 L, K, E = 3, 2, 16
+
+
+def _features(*, partial: bool, multi_turn: bool):
+    """The features row_columns reads (router_replay R3: the engine's routes)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(partial_rollout=partial, multi_turn=multi_turn,
+                           replays_rollout_routing=True)
 
 
 def routes_of(tokens: list[int], tag: int) -> torch.Tensor:
@@ -43,7 +51,7 @@ def test_continued_and_multi_turn_rows_keep_routes_aligned_with_tokens():
     t.add_model_turn([41, 42], [0.0] * 2, routes_of(so_far + [41, 42], tag=2))
     # the dock round trip of a partial row, continued in a later pass
     row = Row(t, prompt_index=0, group_id=0, sample_idx=0, weight_version=0)
-    names = row_columns(partial=True, multi_turn=True, routing=True)
+    names = row_columns(_features(partial=True, multi_turn=True))
     cols = columns_of([row], names)
     back = rows_of(DockBatch(rows=[0], columns=cols, token_lengths=[0]))[0].t
     back.add_model_turn([51], [0.0], routes_of(prompt + back.tokens + [51], tag=3))
@@ -62,6 +70,6 @@ def test_continued_and_multi_turn_rows_keep_routes_aligned_with_tokens():
 def test_an_unstarted_row_is_written_empty_and_read_back_as_none():
     row = Row(Trajectory(prompt=[1, 2, 3], seed=0), prompt_index=0, group_id=0, sample_idx=0,
               weight_version=0)
-    cols = columns_of([row], row_columns(partial=True, multi_turn=False, routing=True))
+    cols = columns_of([row], row_columns(_features(partial=True, multi_turn=False)))
     assert cols["routed_experts"][0].shape == (0, 0, 0)
     assert rows_of(DockBatch(rows=[0], columns=cols, token_lengths=[0]))[0].t.routing is None

@@ -69,8 +69,8 @@ def gae_advantages(rewards_per_token: torch.Tensor, values: torch.Tensor, mask: 
     last one: the value past the end of a response is the terminal 0, not the
     critic's output on a padding position. Masked positions come back as 0.
     With gamma = lam = 1, A_t = (sum_{k>=t} r_k) - V_t (reward-to-go minus value).
-    Whitening, if wanted, is the caller's (``masked_whiten``), since its
-    statistics may span ranks.
+    Whitening, if wanted, is the caller's (``whiten_over_ranks``), since its
+    statistics span ranks.
 
     rewards_per_token, values, mask: [batch, resp_len]
     returns: (advantages [batch, resp_len], returns [batch, resp_len])
@@ -117,9 +117,3 @@ def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor,
         rewards = rewards - kl_coef * kl.float() * mask_f
     return rewards
 
-
-def whiten(x: torch.Tensor, mask: torch.Tensor, mean: float, var: float,
-           eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) on the masked elements, 0 elsewhere, with the
-    statistics given (e.g. over every DP rank's tokens, reduced by the caller)."""
-    return (x - mean) * (var + eps) ** -0.5 * mask.to(x.dtype)

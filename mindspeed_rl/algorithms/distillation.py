@@ -13,7 +13,7 @@ loss, -A_t * ratio_t, its gradient at ratio 1 is sum_t (log pi_s - log pi_t) gra
 the policy gradient of the reverse KL with the per-token reward -(log pi_s - log pi_t).
 
 Both log-probs are at the sampling temperature (the student's are the old log-probs of the
-training engine, the teacher's its own forward: trainer/distillation_phases.py). The
+training engine, the teacher's its own forward: ``trainer/phases.py``). The
 estimator ``on_policy_distill`` runs under ``pretrain_grpo.py`` with a ``teacher_config``.
 Sources: Agarwal et al. 2024 (GKD, arXiv 2306.13649) with the student's own samples and
 the reverse KL; Lu & Thinking Machines Lab 2025, "On-Policy Distillation" (per-token reverse
@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from mindspeed_rl.algorithms import phase_names as p
-from mindspeed_rl.algorithms.family import Estimator
+from mindspeed_rl.algorithms.estimator import AdvantageInputs, AdvantageOutputs, Sums
+from mindspeed_rl.algorithms.registry import register_estimator
 
 TEACHER = "teacher"  # the role (built when the config has a teacher_config)
 NAME = "on_policy_distill"
@@ -104,10 +105,22 @@ def _bucket(lo: int, hi: int | None) -> str:
     return f"pos_{lo}_{hi}" if hi is not None else f"pos_{lo}_up"
 
 
-ON_POLICY_DISTILL = Estimator(
-    name=NAME, algorithms=("grpo",), phase=p.DISTILL_ADV, fn=distillation_advantages,
+@register_estimator(
+    NAME, algorithms=("grpo",), phase=p.DISTILL_ADV, reads=("logprobs_old", "logprobs_teacher"),
+    params=("teacher_config.task_reward_coef",),
+    needs_phases=frozenset({p.TEACHER_MODEL, p.OLD_LOG_P}),
     formula="A_t = -(log pi_student(y_t) - log pi_teacher(y_t)) + task_reward_coef * r "
             "(per-token reverse KL to teacher_config's model on the student's own samples)",
     source="Agarwal et al. 2024 (GKD, arXiv 2306.13649); Thinking Machines Lab 2025, "
-           "On-Policy Distillation; Qwen3 technical report (arXiv 2505.09388)",
-)
+           "On-Policy Distillation; Qwen3 technical report (arXiv 2505.09388)")
+def on_policy_distill(x: AdvantageInputs, sums: Sums,
+                      task_reward_coef: float = 0.0) -> AdvantageOutputs:
+    """The per-token reverse-KL advantage on the trained tokens, and the ``distill/*``
+    metrics over every rank."""
+    adv = distillation_advantages(x.logprobs_old, x.logprobs_teacher, x.loss_mask,
+                                  x.rewards.float() if task_reward_coef else None,
+                                  task_reward_coef)
+    local = distillation_sums(x.logprobs_old, x.logprobs_teacher, x.loss_mask)
+    keys = sorted(local)
+    return AdvantageOutputs(adv, metrics=distillation_metrics(
+        dict(zip(keys, sums([local[k] for k in keys])))))

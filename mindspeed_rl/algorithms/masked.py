@@ -8,6 +8,8 @@ caller from sums and counts (see ``agg_loss``'s ``num_tokens_global``).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -61,7 +63,25 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
 
 def moments_from_sums(total: float, total_sq: float, count: float) -> tuple[float, float]:
     """(mean, unbiased variance) of ``count`` elements from their sum and sum of squares:
-    the statistics of a batch split over ranks, each contributing its sums. With
-    ``whiten`` (``advantages.py``) this is ``masked_whiten`` over the whole batch."""
+    the statistics of a batch split over ranks, each contributing its sums."""
     mean = total / max(count, 1.0)
     return mean, (total_sq / max(count, 1.0) - mean ** 2) * count / max(count - 1.0, 1.0)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, mean: float, var: float,
+           eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) on the masked elements, 0 elsewhere, with the
+    statistics given (e.g. over every DP rank's tokens, reduced by the caller)."""
+    return (x - mean) * (var + eps) ** -0.5 * mask.to(x.dtype)
+
+
+def whiten_over_ranks(x: torch.Tensor, mask: torch.Tensor,
+                      sums: Callable[[list[float]], list[float]]) -> torch.Tensor:
+    """``masked_whiten`` over the masked elements of every rank: ``sums`` adds this
+    rank's [sum, sum of squares, count] over the ranks (the identity for one rank, where
+    this equals ``masked_whiten`` up to rounding). [batch, resp_len] -> [batch, resp_len]"""
+    mask_f = mask.float()
+    mean, var = moments_from_sums(*sums([float((x * mask_f).sum()),
+                                         float((x.square() * mask_f).sum()),
+                                         float(mask_f.sum())]))
+    return whiten(x, mask_f, mean, var)

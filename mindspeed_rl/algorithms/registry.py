@@ -2,14 +2,18 @@
 
 The config's allowed values (``--algorithm``, MindSpeed-RL's ``stage``,
 ``rl_config.adv_estimator`` and its aliases), the dry run's checks and the trainer's
-phase lists are read from here. A new estimator is one module declaring an `Estimator`
-and one ``register`` line below (docs/algorithms.md has a worked example).
+phase lists are read from here. Each family and estimator registers itself where it is
+defined (``register(Algorithm(...))``, ``@register_estimator(...)``, as verl's
+``register_adv_est``); importing ``mindspeed_rl.algorithms`` imports the modules that
+define them. A new estimator is one module (docs/algorithms.md has a worked example).
 """
 
 from __future__ import annotations
 
-from mindspeed_rl.algorithms import distillation, grpo, ppo, reinforce_plus_plus, rloo
-from mindspeed_rl.algorithms.family import Algorithm, Estimator
+from typing import Callable
+
+from mindspeed_rl.algorithms.estimator import Estimator
+from mindspeed_rl.algorithms.family import Algorithm
 
 _ALGORITHMS: dict[str, Algorithm] = {}
 _ESTIMATORS: dict[str, Estimator] = {}
@@ -26,6 +30,15 @@ def register(item: Algorithm | Estimator) -> Algorithm | Estimator:
         raise ValueError(f"{type(item).__name__} name {taken[0]!r} is already registered")
     table[item.name] = item
     return item
+
+
+def register_estimator(name: str, **declaration) -> Callable:
+    """Decorator: register the decorated ``fn(x, sums, **params) -> AdvantageOutputs`` as
+    the estimator ``name`` (``declaration``: the other `Estimator` fields); returns ``fn``."""
+    def wrap(fn: Callable) -> Callable:
+        register(Estimator(name=name, fn=fn, **declaration))
+        return fn
+    return wrap
 
 
 def unregister(name: str) -> None:
@@ -84,13 +97,3 @@ def phases(algorithm_name: str, estimator_name: str) -> tuple[str, ...]:
     skip = advantage_phases() - {own}
     return tuple(n for n in algorithm(algorithm_name).phases if n not in skip)
 
-
-# The registration lines: one per family, one per estimator.
-register(grpo.GRPO)
-register(ppo.PPO)
-register(grpo.GROUP_NORM)
-register(ppo.GAE)
-register(rloo.RLOO)
-register(reinforce_plus_plus.REINFORCE_PLUS_PLUS)
-register(reinforce_plus_plus.REINFORCE_PLUS_PLUS_BASELINE)
-register(distillation.ON_POLICY_DISTILL)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from mindspeed_rl.algorithms import phase_names as p
-from mindspeed_rl.algorithms.family import Estimator
+from mindspeed_rl.algorithms.estimator import AdvantageInputs, AdvantageOutputs, Sums
+from mindspeed_rl.algorithms.registry import register_estimator
 
 
 def rloo_advantages(scores: torch.Tensor) -> torch.Tensor:
@@ -28,8 +29,10 @@ def rloo_advantages(scores: torch.Tensor) -> torch.Tensor:
     return (grouped - others_mean).to(scores.dtype)
 
 
-RLOO = Estimator(
-    name="rloo", algorithms=("grpo",), phase=p.ADV, fn=rloo_advantages, min_group_size=2,
+@register_estimator(
+    "rloo", algorithms=("grpo",), phase=p.ADV, min_group_size=2,
     formula="A_i = r_i - mean_{j != i} r_j (leave-one-out baseline of the prompt's group)",
-    source="Ahmadian et al. 2024 (arXiv 2402.14740); verl compute_rloo_outcome_advantage",
-)
+    source="Ahmadian et al. 2024 (arXiv 2402.14740); verl compute_rloo_outcome_advantage")
+def rloo(x: AdvantageInputs, sums: Sums) -> AdvantageOutputs:
+    """One leave-one-out advantage per response, on each of its tokens."""
+    return AdvantageOutputs.per_sequence(rloo_advantages(x.grouped(x.rewards)), x)

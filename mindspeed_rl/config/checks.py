@@ -267,7 +267,7 @@ def _launcher_building(role: str) -> str:
 
 def _runs(config: RLJobConfig, feature: str) -> bool:
     """Whether the job's family is built for ``feature`` (its rows, its phases)."""
-    return feature in registry.algorithm(config.algorithm).features
+    return feature in registry.algorithm(config.algorithm).supports
 
 
 def _check_rollout_correction(config: RLJobConfig) -> None:
@@ -316,9 +316,9 @@ def _check_rollout_correction(config: RLJobConfig) -> None:
 def _check_router_replay(config: RLJobConfig) -> None:
     """MoE routing replay: a MoE model, and a layout and platform where the routes can be
     recorded and replayed (megatron-core's RouterReplay; R3 also vLLM's routers, in process)."""
-    rl, m, actor = config.rl_config, config.model, config.actor_config
-    mode = rl.router_replay
-    if mode == "none":
+    m, actor = config.model, config.actor_config
+    mode = config.features.router_replay
+    if mode is None:
         return
     _require(m.is_moe, "rl_config.router_replay", mode,
              f"replays the experts of a MoE model, and {m.model_type} has none",
@@ -329,7 +329,7 @@ def _check_router_replay(config: RLJobConfig) -> None:
                  f"routes are laid out per micro-batch on one stage and one context-parallel "
                  f"rank here, and actor_config.{key}={value}",
                  f"set router_replay: none, or actor_config.{key}: 1")
-    if mode == "R3":
+    if config.features.replays_rollout_routing:
         from mindspeed_rl.platform.platform import detected_device_type
 
         device = detected_device_type()
@@ -391,9 +391,9 @@ def _check_dapo(config: RLJobConfig) -> None:
 def _check_lengths(config: RLJobConfig) -> None:
     mt, rl, gen, sampling = (config.megatron_training, config.rl_config, config.generate_config,
                              config.sampling_config)
-    prompt, response = rl.max_prompt_length, response_limit(config)
+    prompt, response = rl.max_prompt_length, config.features.response_limit
     total = prompt + response
-    what = ("rl_config.max_total_response_length" if rl.multi_turn_enable
+    what = ("rl_config.max_total_response_length" if config.features.multi_turn
             else "generate_config.sampling_config.max_tokens")
     _require(total <= gen.max_model_len, what, response,
              f"rl_config.max_prompt_length={prompt} + {what.split('.')[-1]}={response} = {total} "
@@ -445,20 +445,11 @@ def packing_budgets(config: RLJobConfig) -> dict[str, str]:
     ``rl_config.<prefix>max_packing_token_size`` ("" = the base budget only): the actor's
     update (and the critic's), the old log-prob forward when it runs, the reference forward
     when there is a reference model, the critic's values and the reward model."""
-    rl, mt = config.rl_config, config.megatron_training
-    optimizer_steps = mt.global_batch_size // rl.mini_batch_size * rl.epochs
-    phases = {names.UPDATE: "update_"}
-    # the needs of mindspeed_rl.trainer.recipes' phases (the trainer is a layer above)
-    if optimizer_steps > 1 or (rl.use_kl_in_reward and rl.init_kl_coef != 0):
-        phases[names.OLD_LOG_P] = "actor_"
-    if rl.init_kl_coef != 0:
-        phases[names.REFERENCE_MODEL] = "ref_"
-    if config.critic_config is not None:
-        phases[names.CRITIC_UPDATE] = "update_"
-        phases[names.VALUES] = ""
-    if config.reward_config is not None:
-        phases[names.REWARD_MODEL] = ""
-    return phases
+    runs = config.features.phases
+    prefixes = {names.UPDATE: "update_", names.OLD_LOG_P: "actor_",
+                names.REFERENCE_MODEL: "ref_", names.CRITIC_UPDATE: "update_",
+                names.VALUES: "", names.REWARD_MODEL: ""}
+    return {phase: prefix for phase, prefix in prefixes.items() if phase in runs}
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
@@ -482,7 +473,7 @@ def check_data_files(config: RLJobConfig) -> None:
     _require(expert_map is None or Path(expert_map).is_file(), "generate_config.expert_map_path",
              expert_map, "no such file", "check the path (relative paths resolve against the "
              f"current working directory, {os.getcwd()})")
-    if config.rl_config.multi_turn_enable and mt.prompt_type is None:
+    if config.features.multi_turn and mt.prompt_type is None:
         _require(_indexed_prefix(mt.data_path), "megatron_training.prompt_type", None,
                  f"multi_turn_enable with the raw prompts of {mt.data_path}: the tokenizer's "
                  "chat template alone does not tell the model its tools", "set prompt_type: "
@@ -496,7 +487,7 @@ def check_tool_sandbox(config: RLJobConfig) -> None:
     """The local code interpreter's sandbox runs on this machine (one call is run in it), or
     its tool opted out explicitly (a warning, once per run): never a silent downgrade."""
     rl = config.rl_config
-    if not rl.multi_turn_enable or rl.tool_config_path is None:
+    if not config.features.multi_turn or rl.tool_config_path is None:
         return
     from mindspeed_rl.agent_tools.config import load_tool_config
     from mindspeed_rl.agent_tools.preflight import local_interpreter_problem
@@ -663,7 +654,7 @@ def _check_partial_rollout(config: RLJobConfig) -> None:
     _require(split <= max_tokens, key, split, f"exceeds generate_config.sampling_config."
              f"max_tokens={max_tokens}: a rollout pass would generate less than one token",
              f"use at most {max_tokens}, e.g. 2 or 4")
-    if split > 1:
+    if config.features.partial_rollout:
         _require(_runs(config, "partial_rollout"), key, split,
                  "partial rollout runs with GRPO and DAPO (pretrain_grpo.py), as in "
                  "MindSpeed-RL; PPO's critic and GAE are not built for rows that span "
@@ -671,15 +662,6 @@ def _check_partial_rollout(config: RLJobConfig) -> None:
         _require(config.sampling_config.temperature > 0 or rl.n_samples_per_prompt == 1, key,
                  split, "greedy sampling with n_samples_per_prompt > 1 cannot form a group",
                  "raise generate_config.sampling_config.temperature")
-
-
-def response_limit(config: RLJobConfig) -> int:
-    """Tokens of the longest response: max_tokens, or with multi-turn the whole trajectory
-    after the prompt (the model's turns, tool responses and template glue)."""
-    rl, max_tokens = config.rl_config, config.sampling_config.max_tokens
-    if rl.multi_turn_enable:
-        return rl.max_total_response_length or max_tokens
-    return max_tokens
 
 
 TOOL_PROMPT_TYPES = ("qwen_retool",)  # prompt types whose template describes the tools
@@ -690,22 +672,16 @@ def _check_multi_turn(config: RLJobConfig) -> None:
     _require(rl.max_tool_response_length > 0, "rl_config.max_tool_response_length",
              rl.max_tool_response_length, "must be positive (characters of a tool response "
              "kept)", "use e.g. 256")
-    if not rl.multi_turn_enable:
+    if not config.features.multi_turn:
         return
     _require(_runs(config, "multi_turn"), key, True, "multi-turn rollouts run with GRPO and "
              "DAPO (pretrain_grpo.py), as in MindSpeed-RL; PPO's critic and GAE are not built "
              "for responses with tool tokens", "set multi_turn_enable: false for PPO")
     estimator = registry.estimator(rl.adv_estimator)
-    sequence_level = [e.name for e in registry.estimators(config.algorithm)
-                      if e.phase == names.ADV]
-    _require(estimator.phase == names.ADV, "rl_config.adv_estimator", rl.adv_estimator,
+    sequence_level = [e.name for e in registry.estimators(config.algorithm) if e.whole_groups]
+    _require(estimator.whole_groups, "rl_config.adv_estimator", rl.adv_estimator,
              "its per-token returns are not built for responses with tool tokens inside "
              "(multi_turn_enable)", f"use one of {sequence_level} with multi_turn_enable")
-    _require(rl.partial_rollout_max_split == 1 or not rl.async_engine, "rl_config.async_engine",
-             True, "partial rollout with multi-turn runs the batch-wide agent loop in each "
-             f"pass (partial_rollout_max_split={rl.partial_rollout_max_split}); the step-wise "
-             "loop has no pass budget", "set async_engine: false, or partial_rollout_max_split: "
-             "1 for step-wise turns")
     _require(rl.tool_config_path is not None, "rl_config.tool_config_path", None,
              "multi_turn_enable needs the tool YAML", "e.g. configs/tools/code_interpreter.yaml")
     # null: MindSpeed-RL's configs leave it to their preprocessed (indexed) data, whose
@@ -719,7 +695,7 @@ def _check_multi_turn(config: RLJobConfig) -> None:
     _require(rl.max_parallel_calls >= 1, "rl_config.max_parallel_calls", rl.max_parallel_calls,
              "must be at least 1", "use e.g. 1")
     max_tokens = config.sampling_config.max_tokens
-    _require(response_limit(config) >= max_tokens, "rl_config.max_total_response_length",
+    _require(config.features.response_limit >= max_tokens, "rl_config.max_total_response_length",
              rl.max_total_response_length, f"is smaller than generate_config.sampling_config."
              f"max_tokens={max_tokens} (MindSpeed-RL refuses the same)",
              f"use at least {max_tokens}")

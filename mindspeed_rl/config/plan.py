@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindspeed_rl.algorithms import phase_names as names
-from mindspeed_rl.config.checks import packing_budgets, response_limit
+from mindspeed_rl.config.checks import packing_budgets
 from mindspeed_rl.config.deepseek_checks import mla_tensor_parallel_problem
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.layout_notes import layout_notes
@@ -213,6 +213,8 @@ class Plan:
     infer_expert_parallel_size: int | None = None   # vLLM EP size, None without EP
     # the layout in words: uneven pipeline stages, where the experts live (training and vLLM)
     layout_notes: tuple[str, ...] = ()
+    phases: tuple[str, ...] = ()       # the phases the job runs, in order
+    rollout: str = ""                  # the composed rollout, in words
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready) of every number the table shows."""
@@ -238,6 +240,8 @@ class Plan:
             "phase_bytes": dict(self.phase_bytes),
             "layout_notes": list(self.layout_notes),
             "weights": list(self.weights),
+            "phases": list(self.phases),
+            "rollout": self.rollout,
             "notices": list(self.notices),
             "warnings": list(self.warnings),
         }
@@ -265,6 +269,8 @@ class Plan:
                   f"{self.infer_expert_parallel_size or '-':>4}    -",
                   *(f"  {line}" for line in self.layout_notes), ""]
         lines += ["initial weights"] + [f"  {line}" for line in self.weights] + [""]
+        if self.phases:
+            lines += [f"phases: {' -> '.join(self.phases)}", self.rollout, ""]
         rows = [
             ("prompts (megatron_training.global_batch_size)", s["prompts_per_iteration"]),
             ("responses (x rl_config.n_samples_per_prompt)", s["responses_per_iteration"]),
@@ -477,6 +483,7 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                        + _teacher_lines(config, world_size)),
                 notices=config.notices, warnings=config.warnings,
                 micro_batch_phases=tuple(packing_budgets(config)),
+                phases=config.features.phases, rollout=config.features.rollout.describe(),
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
                                             if g.enable_expert_parallel and m.is_moe else None),
                 layout_notes=tuple(layout_notes(config, layout)))
@@ -576,7 +583,7 @@ def update_micro_batch_tokens(config: RLJobConfig) -> int:
     """Tokens of the largest update micro-batch: the packing budget with use_dynamic_bsz,
     else micro_batch_size rows of the longest prompt + response."""
     rl = config.rl_config
-    longest = rl.max_prompt_length + response_limit(config)
+    longest = rl.max_prompt_length + config.features.response_limit
     if rl.use_dynamic_bsz:
         budget = rl.update_max_packing_token_size or rl.max_packing_token_size
         if budget:

@@ -638,6 +638,15 @@ class RLJobConfig:
         return self.generate_config.sampling_config
 
     @property
+    def features(self):
+        """The optional parts of the loop this job runs (``mindspeed_rl/config/features.py``),
+        decided from the config alone: read by the trainer, the sample flow, the engines
+        and the checks."""
+        from mindspeed_rl.config.features import features
+
+        return features(self)
+
+    @property
     def generation_dtype(self) -> str:
         """vLLM's dtype with ``auto`` resolved: the training precision (bf16 or fp32)."""
         if self.generate_config.dtype != "auto":

@@ -57,7 +57,8 @@ class MegatronActor(TrainableModel):
 
     def update(self, batch: RowBatch, micro_batch_size: int | MicroBatching, rl, *,
                kl_coef: float, vocab_size: int, norm_length: float | None = None,
-               temperature: float = 1.0, is_norm: float | None = None) -> dict[str, float]:
+               temperature: float = 1.0, is_norm: float | None = None,
+               replay_routing: bool = False, off_policy: bool = False) -> dict[str, float]:
         """One optimizer step on ``batch`` (this DP rank's share of a mini-batch).
 
         ``rl`` is the ``rl_config`` section: clip ranges (``clip_ratio``, clip-higher's
@@ -76,19 +77,21 @@ class MegatronActor(TrainableModel):
         iteration started with); such rows must come from the current weights, or mark
         the tokens older weights generated (``off_policy``), which the loss weighs by
         proximal over behaviour. ``is_norm``: the mini-batch mean of the rollout-correction
-        weights (``rollout_is_batch_normalize``), which divides them.
+        weights (``rollout_is_batch_normalize``), which divides them. ``replay_routing``:
+        every micro-step replays the routes of the ``routed_experts`` column (MoE routing
+        replay); ``off_policy``: the run may train tokens of older weights (partial
+        rollout), whose share and weights are reported. Both are the job's features, the
+        same on every rank (the metrics are collectives).
         """
         self._check_on_policy(batch)
         objective = PolicyObjective(rl, kl_coef=kl_coef, vocab_size=vocab_size,
                                     norm_length=norm_length, temperature=temperature,
-                                    is_norm=is_norm)
+                                    is_norm=is_norm, off_policy=off_policy)
         micro = micro_batches_for(self.model, batch, micro_batch_size)
-        # every rank replays alike (an empty share too: the metrics are a collective)
-        replay = getattr(rl, "router_replay", "none") != "none"
-        if ROUTING in batch.extras and not replay:
+        if ROUTING in batch.extras and not replay_routing:
             raise ValueError("the routed_experts column reached an update with "
                              "rl_config.router_replay: none")
-        with replaying(self.model, REPLAY if replay else None) as routing:
+        with replaying(self.model, REPLAY if replay_routing else None) as routing:
             out = self.step(lambda: run_schedule(self.ddp, self.model, micro, objective.loss,
                                                  forward_only=False, routing=routing),
                             objective.sums.values)
@@ -118,8 +121,10 @@ class PolicyObjective:
     and the statistics it accumulates over the micro-batches of one optimizer step."""
 
     def __init__(self, rl, *, kl_coef: float, vocab_size: int, norm_length: float | None,
-                 temperature: float, is_norm: float | None = None) -> None:
+                 temperature: float, is_norm: float | None = None,
+                 off_policy: bool = False) -> None:
         self.rl, self.kl_coef, self.vocab_size = rl, kl_coef, vocab_size
+        self.off_policy = off_policy  # report the off-policy tokens (partial rollout)
         self.rc, self.is_norm = rc_fn.RolloutCorrection.from_rl(rl), is_norm
         self.rc_weights: torch.Tensor | None = None  # this micro-batch's, rollout_is only
         self.norm_length, self.temperature = norm_length, temperature
@@ -244,7 +249,7 @@ class PolicyObjective:
                           for k, v in rc_fn.mismatch_metrics(mismatch).items()})
         stats["loss_tokens"] = loss_tokens  # the response tokens the loss covered (all DP ranks)
         stats["rollout_logprob_abs_diff_max"] = max_over_world(float(self.max_diff))
-        if getattr(self.rl, "partial_rollout_max_split", 1) > 1:  # off-policy tokens of a partial rollout
+        if self.off_policy:  # tokens of older weights (partial rollout)
             stats["off_policy_token_fraction"] = off_tokens / tokens
             stats["off_policy_is_weight_mean"] = off_weights / max(off_tokens, 1.0)
             stats["off_policy_is_weight_max"] = max_over_world(float(self.max_is_weight))

@@ -53,6 +53,6 @@ def training_model_options(config) -> dict[str, Any]:
         options.update(moe_aux_loss_coeff=a.moe_aux_loss_coeff,
                        moe_router_load_balancing_type=balancing if a.moe_aux_loss_coeff
                        else "none")
-        if config.rl_config.router_replay != "none":  # every router gets a RouterReplay
+        if config.features.router_replay:  # every router gets a RouterReplay
             options["moe_enable_routing_replay"] = True
     return options

@@ -211,7 +211,9 @@ def run_agent_loop(generate, trajectories: list[Trajectory], *, pool, template: 
 
 def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling, pool,
                             template: ToolTurnTemplate, parse: Callable[[str], ParseResult],
-                            limits: AgentLimits, decode, eos_token_id: int | None) -> TurnStats:
+                            limits: AgentLimits, decode, eos_token_id: int | None,
+                            stop: Callable[[list[bool]], bool] | None = None,
+                            check_every: int = 16) -> TurnStats:
     """The loop of ``rl_config.async_engine``: every trajectory advances on its own.
 
     Each model turn is one request in the engine's batch (``engine.add_request`` /
@@ -221,20 +223,27 @@ def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling,
     another's slow tool call or long turn. ``tool_seconds`` counts only the time the loop
     waited with nothing to decode. Same seeds per (trajectory, turn) as the synchronous
     loop; which turns share a decode batch depends on when the tools return.
+
+    ``stop(done per trajectory)``, asked every ``check_every`` engine steps (or tool
+    waits) on every rank alike until it says so (it may be a collective), ends the loop
+    early: turns still decoding keep their tokens so far and the trajectory pauses inside
+    that turn; trajectories waiting for tools get their results and pause after the tool
+    turn (partial rollout resumes both in a later pass). Without ``stop`` the loop runs
+    until every trajectory is done.
     """
     stats = TurnStats()
     decoding: dict[str, Trajectory] = {}
     calling: list[tuple[Trajectory, ParseResult, list[Future]]] = []
+    keep = stop is not None  # an aborted turn keeps its tokens
 
     def next_turn(t: Trajectory) -> None:
         rid = engine.add_request(t.prompt + t.tokens, sampling, seed=_turn_seed(t),
-                                 max_tokens=_turn_budget(t, limits, sampling.max_tokens))
+                                 max_tokens=_turn_budget(t, limits, sampling.max_tokens),
+                                 **({"keep_partial": True} if keep else {}))
         decoding[rid] = t
 
-    for t in trajectories:
-        if not t.done and not t.paused:
-            next_turn(t)
-    while decoding or calling:
+    def advance() -> None:
+        nonlocal calling
         if decoding:
             finished = engine.step()
         else:  # only tool calls out: wait for the first to end
@@ -258,7 +267,40 @@ def run_agent_loop_stepwise(engine, trajectories: list[Trajectory], *, sampling,
             if not t.done and not t.paused:
                 next_turn(t)
         calling = waiting
+
+    for t in trajectories:
+        if not t.done and not t.paused:
+            next_turn(t)
+    if stop is None:
+        while decoding or calling:
+            advance()
+        return stats
+    while True:
+        for _ in range(check_every):
+            if not (decoding or calling):
+                break
+            advance()
+        if stop([t.done for t in trajectories]):
+            break
+    _pause(engine, decoding, calling, template, limits, eos_token_id)
     return stats
+
+
+def _pause(engine, decoding: dict, calling: list, template: ToolTurnTemplate,
+           limits: AgentLimits, eos_token_id: int | None) -> None:
+    """The step-wise loop was stopped: a turn still decoding keeps its tokens and its
+    trajectory pauses inside it (a turn without tokens yet is not started); one waiting
+    for tools gets their results and pauses after its tool turn."""
+    for rid, completion in engine.abort(list(decoding)):
+        t = decoding[rid]
+        if completion.token_ids:
+            t.open_turn = t.add_model_turn(completion.token_ids, completion.logprobs,
+                                           getattr(completion, "routed_experts", None))
+            t.finish_reason = "abort"
+        t.paused = True
+    for t, parsed, futures in calling:
+        _tool_turn(t, parsed, [f.result() for f in futures], template, limits, eos_token_id)
+        t.paused = not t.done
 
 
 def _turn_seed(t: Trajectory) -> int:

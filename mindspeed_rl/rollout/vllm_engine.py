@@ -375,6 +375,7 @@ class RolloutEngine:
         self._asleep, self._next_request = False, 0  # request ids of generate_stepwise
         self.routing = self._routing_recorder() if record_routing else None
         self._prompt_lengths: dict[str, int] = {}  # add_request's, for step's routing
+        self._partial: dict[str, Completion] = {}  # add_request(keep_partial)'s tokens so far
 
     def _routing_recorder(self):
         """Record each request's routed experts (router_replay R3) on this in-process
@@ -412,7 +413,7 @@ class RolloutEngine:
                    enable_expert_parallel=gen.enable_expert_parallel,
                    infer_expert_parallel_size=gen.infer_expert_parallel_size,
                    expert_map_path=gen.expert_map_path,
-                   record_routing=config.rl_config.router_replay == "R3")
+                   record_routing=config.features.replays_rollout_routing)
 
     # ---- generation -------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingConfig,
@@ -495,32 +496,56 @@ class RolloutEngine:
 
     # ---- one request at a time (the step-wise agent loop) ------------------------------
     def add_request(self, prompt: Sequence[int], sampling: SamplingConfig, *, seed: int,
-                    max_tokens: int) -> str:
+                    max_tokens: int, keep_partial: bool = False) -> str:
         """Queue one response to ``prompt`` in vLLM's engine (in process, no server); it
         decodes during the following :meth:`step` calls, batched with the others. Returns
-        its request id. Seeded: it samples what :meth:`generate` would."""
+        its request id. Seeded: it samples what :meth:`generate` would. ``keep_partial``:
+        its tokens so far are kept step by step, so :meth:`abort` can return them."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         (param,) = self._params([prompt], 1, sampling, [seed], [max_tokens], None)
-        # :meth:`step` reads finished requests only: vLLM need not build every unfinished
-        # request's output so far at every step (its default)
-        param.output_kind = RequestOutputKind.FINAL_ONLY
+        # Without keep_partial :meth:`step` reads finished requests only: vLLM need not
+        # build every unfinished request's output so far at every step (its default).
+        param.output_kind = RequestOutputKind.DELTA if keep_partial else \
+            RequestOutputKind.FINAL_ONLY
         rid = f"msrl-req-{self._next_request}"
         self._next_request += 1
         self._prompt_lengths[rid] = len(prompt)
+        if keep_partial:
+            self._partial[rid] = Completion([], [], "abort")
         self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), param)
         return rid
 
     def step(self) -> list[tuple[str, Completion]]:
         """One engine step over the queued requests; those that finished in it, with their
         completions."""
-        done = [(out.request_id, _completion(out.outputs[0]))
-                for out in self.llm.llm_engine.step() if out.finished]
+        done = []
+        for out in self.llm.llm_engine.step():
+            got = self._partial.get(out.request_id)
+            if got is not None:  # keep_partial: this step's new tokens
+                new = _completion(out.outputs[0])
+                got.token_ids += new.token_ids
+                got.logprobs += new.logprobs
+                if out.finished:
+                    got.finish_reason = new.finish_reason
+                    done.append((out.request_id, self._partial.pop(out.request_id)))
+            elif out.finished:
+                done.append((out.request_id, _completion(out.outputs[0])))
         for rid, completion in done:
             self._attach_routing(completion, rid, self._prompt_lengths.pop(rid, 0))
         check_finite_logprobs(RolloutResult([[c] for _, c in done]), self.dp_rank)
         return done
+
+    def abort(self, request_ids: Sequence[str]) -> list[tuple[str, Completion]]:
+        """Stop unfinished requests queued with ``keep_partial``; their completions so far
+        (finish reason "abort")."""
+        if request_ids:
+            self.llm.llm_engine.abort_request(list(request_ids))
+        out = [(rid, self._partial.pop(rid)) for rid in request_ids]
+        for rid, completion in out:
+            self._attach_routing(completion, rid, self._prompt_lengths.pop(rid, 0))
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return self.llm.llm_engine.has_unfinished_requests()

@@ -9,7 +9,8 @@ and its ``group_id`` / ``sample_idx``.
 
 Shapes are per row: ``[P]`` prompt tokens, ``[R]`` response tokens, ``[V]`` one value per
 verifier, ``[]`` one value, ``[T, L, k]`` for each of the row's first T = P + R - 1 tokens,
-each MoE layer, the top-k experts.
+each MoE layer, the top-k experts. A column tagged with a feature
+(``mindspeed_rl/config/features.py``) is stored only when the job has it on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Iterable, Sequence
 import torch
 
 from mindspeed_rl.algorithms import phase_names as names
+from mindspeed_rl.config.features import MULTI_TURN, PARTIAL_ROLLOUT, ROUTER_REPLAY
 
 
 class ContractError(RuntimeError):
@@ -30,7 +32,7 @@ class ContractError(RuntimeError):
 class Column:
     name: str
     dtype: torch.dtype
-    shape: str  # "[P]", "[R]", "[V]" or "[]"
+    shape: str  # "[P]", "[R]", "[V]", "[]" or "[T, L, k]"
     producers: tuple[str, ...]
     consumers: tuple[str, ...]
     doc: str
@@ -51,11 +53,8 @@ FINISH_REASONS = ("stop", "length", "abort", "partial")
 
 _FORWARDS = (names.REWARD_MODEL, names.VALUES, names.OLD_LOG_P, names.REFERENCE_MODEL,
              names.TEACHER_MODEL)
-# A partial rollout (rollout.py's continuation) reads back the unfinished rows it wrote.
+# A rollout that carries rows (partial rollout) reads back the unfinished rows it wrote.
 _R = (names.ROLLOUT,)
-PARTIAL_ROLLOUT = "partial_rollout"  # rl_config.partial_rollout_max_split > 1
-MULTI_TURN = "multi_turn"  # rl_config.multi_turn_enable
-ROUTER_REPLAY = "router_replay"  # rl_config.router_replay R2 or R3
 COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("prompt_ids", torch.int64, "[P]", _R,
            _R + _FORWARDS + (names.CRITIC_UPDATE, names.UPDATE), "prompt token ids"),

@@ -91,6 +91,10 @@ class BoundFlow:
         return self._flow.put_rows(self.phase, columns, group_size=group_size, held=held,
                                    tags=tags)
 
+    def next_row_id(self) -> int:
+        """The id the dock's next new row gets (the same on every rank)."""
+        return self._flow.dock.next_row_id
+
     def rows(self, *, held: bool | None = None):
         """The dock's rows (replicated metadata): all, or only those held (``held=True``:
         partial rollout's carried rows) or not held."""
@@ -137,6 +141,18 @@ class PhaseContext:
     @property
     def rl(self):
         return self.config.rl_config
+
+    @property
+    def features(self):
+        """The optional parts of the loop this job runs (``config/features.py``)."""
+        return self.config.features
+
+    @property
+    def estimator(self):
+        """The job's advantage estimator (``rl_config.adv_estimator``)."""
+        from mindspeed_rl.algorithms import registry
+
+        return registry.estimator(self.rl.adv_estimator)
 
     @property
     def batch(self):

@@ -13,8 +13,28 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from mindspeed_rl.engine.micro_batches import RowBatch
 from mindspeed_rl.trainer.columns import COLUMNS, Column, ContractError, active_columns
 from mindspeed_rl.transfer_dock import ConsumerLayout, DockBatch, TransferDock
+
+
+def row_batch(batch: DockBatch | None, extras: Sequence[str] = ()) -> RowBatch:
+    """A dock batch as the engine's rows (prompt, response, the ``extras`` columns); an
+    empty one for a rank that received none."""
+    if batch is None:
+        return RowBatch([], [], {})
+    return RowBatch(batch["prompt_ids"], batch["response_ids"], {k: batch[k] for k in extras})
+
+
+def pad_cells(cells: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([rows, R] mask, [rows, R] float32 values) of variable-length per-token cells, R the
+    longest; the mask is 1 on each cell's own positions."""
+    padded = torch.nn.utils.rnn.pad_sequence(list(cells), batch_first=True) if cells else \
+        torch.zeros(0, 0)
+    mask = torch.zeros_like(padded)
+    for i, c in enumerate(cells):
+        mask[i, :len(c)] = 1.0
+    return mask, padded.float()
 
 
 class SampleFlow:

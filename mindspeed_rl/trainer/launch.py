@@ -86,27 +86,24 @@ def load_job(config_path: str, overrides: Sequence[str], *, algorithm: str):
 
 
 def _start(config, plan, *, header: str, plan_to: TextIO | None):
-    """The platform and the process groups; rank 0 prints the plan and the phases."""
+    """The platform and the process groups; rank 0 prints the plan (its phases and the
+    composed rollout included)."""
     import torch.distributed as dist
 
     from mindspeed_rl.parallel.groups import init_distributed
     from mindspeed_rl.platform import setup_platform
-    from mindspeed_rl.trainer.recipes import phases_of
 
     platform = setup_platform()
     init_distributed(platform, timeout_s=config.rl_config.collective_timeout_s,
                      startup_timeout_s=config.rl_config.startup_timeout_s)
     if dist.get_rank() == 0:
         print(plan.format(header=header), file=plan_to or sys.stdout, flush=True)
-        print(f"phases: {' -> '.join(p.name for p in phases_of(config, plan))}",
-              file=plan_to or sys.stdout, flush=True)
         from mindspeed_rl.fault.save_time import save_time_line
-        from mindspeed_rl.trainer.multi_turn import loop_line
 
-        for line in (save_time_line(config, plan), loop_line(config)):
-            if line:
-                print(line, file=sys.stderr if line.startswith("warning") else
-                      plan_to or sys.stdout, flush=True)
+        line = save_time_line(config, plan)
+        if line:
+            print(line, file=sys.stderr if line.startswith("warning") else
+                  plan_to or sys.stdout, flush=True)
     return platform
 
 

@@ -1,12 +1,13 @@
 """The phases of an RL iteration: each reads columns from the sample flow, computes, and
 writes columns back (``mindspeed_rl/trainer/columns.py`` declares them).
 
-A phase is ``phase(ctx) -> metrics``: it receives a `PhaseContext` (config, batch plan,
-roles, data, its place in the layouts, the flow bound to its own name, the trainer's
-counters and the iteration's state: ``context.py``) and returns its metrics, already
-reduced over the ranks. Algorithms (``recipes.py``) are ordered lists of these phases;
-the objective of each one is visible here, the tensor math is in
-``mindspeed_rl.algorithms``.
+A phase is ``phase(ctx) -> metrics``: it receives a `PhaseContext` (config and features,
+batch plan, roles, data, its place in the layouts, the flow bound to its own name, the
+trainer's counters and the iteration's state: ``context.py``) and returns its metrics,
+already reduced over the ranks. Algorithms are ordered lists of these phases
+(``mindspeed_rl/algorithms/grpo.py``, ``ppo.py``; ``recipes.py`` maps names to functions);
+the objective of each is visible here, the tensor math is in ``mindspeed_rl.algorithms``
+and the rollout's parts are in ``rollout_parts/``.
 """
 
 from __future__ import annotations
@@ -16,38 +17,28 @@ import math
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.algorithms import registry
-from mindspeed_rl.algorithms import (gae_advantages,
-                                     groups_with_reward_spread, kl_penalty, overlong_penalty,
-                                     token_level_rewards, token_mean_kl_per_sequence, whiten)
+from mindspeed_rl.algorithms import (groups_with_reward_spread, kl_penalty, overlong_penalty,
+                                     token_mean_kl_per_sequence)
 from mindspeed_rl.algorithms import phase_names as names
-from mindspeed_rl.algorithms.masked import moments_from_sums
-from mindspeed_rl.config.checks import response_limit
-from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_call_bonus
+from mindspeed_rl.algorithms.estimator import AdvantageInputs
 from mindspeed_rl.engine.actor import forward_logprobs
+from mindspeed_rl.engine.critic import forward_scores, forward_values
+from mindspeed_rl.engine.micro_batches import ROUTING
+from mindspeed_rl.engine.router_replay import RECORD, REPLAY, RouterReplayError, replaying
+from mindspeed_rl.rewards import check_finite_scores, compute_rewards, retool_call_bonus
 from mindspeed_rl.trainer.columns import FINISH_REASONS
 from mindspeed_rl.trainer.context import PhaseContext
+from mindspeed_rl.trainer.flow import pad_cells, row_batch
+from mindspeed_rl.trainer.off_policy import (mark_off_policy, rollout_is_batch_mean,
+                                             staleness_metrics, version_lag)
 from mindspeed_rl.trainer.own_layout import logprobs_in_own_layout
-from mindspeed_rl.trainer.multi_turn import multi_turn_rollout
-from mindspeed_rl.trainer.partial_rollout import partial_rollout
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
-from mindspeed_rl.trainer.rollout_rows import SingleTurn, columns_of, fresh_rows, row_columns
-from mindspeed_rl.trainer.rollout_correction import (rollout_is_batch_mean, staleness_metrics,
-                                                      version_lag)
-from mindspeed_rl.engine.critic import forward_scores, forward_values
-from mindspeed_rl.engine.micro_batches import ROUTING, RowBatch
-from mindspeed_rl.engine.router_replay import RECORD, REPLAY, RouterReplayError, replaying
+from mindspeed_rl.trainer.rollout_parts import compose
 from mindspeed_rl.transfer_dock import DockBatch
 
 
 def _mean_of_steps(steps: list[dict[str, float]], prefix: str) -> dict[str, float]:
     return {f"{prefix}/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]} if steps else {}
-
-
-def _rows(batch: DockBatch | None, extras: tuple[str, ...] = ()) -> RowBatch:
-    if batch is None:
-        return RowBatch([], [], {})
-    return RowBatch(batch["prompt_ids"], batch["response_ids"], {k: batch[k] for k in extras})
 
 
 # ---------------------------------------------------------------------------------------
@@ -66,30 +57,11 @@ def resharding_to_train(ctx: PhaseContext) -> dict[str, float]:
 
 
 def rollout(ctx: PhaseContext) -> dict[str, float]:
-    """Sample n responses per prompt of this generation-DP rank's share of the batch; the
-    first rank of each vLLM instance puts the rows (all samples of a prompt together).
-    With ``partial_rollout_max_split`` > 1: passes over carried and fresh rows until the
-    batch's groups are finished (``partial_rollout.py``); with ``multi_turn_enable``: the
-    agent loop, tools between the model's turns (``multi_turn.py``)."""
-    if ctx.rl.partial_rollout_max_split > 1:
-        return partial_rollout(ctx)
-    if ctx.rl.multi_turn_enable:
-        return multi_turn_rollout(ctx)
-    b, n, me = ctx.batch, ctx.rl.n_samples_per_prompt, ctx.ranks
-    mine, first_group, seeds = ctx.take_round_prompts()
-    rows = fresh_rows([ctx.train_data[i].prompt_ids for i in mine], mine, first_group, n,
-                      ctx.roles.actor.weight_version, seeds)
-    SingleTurn(ctx.roles.rollout, ctx.config.sampling_config,
-               show_progress=me.rank == 0).fresh(rows, n, seeds)
-    names = row_columns(partial=False, multi_turn=False, routing=ctx.rl.router_replay == "R3")
-    ctx.flow.put_rows(columns_of(rows, names) if me.is_gen_writer else {}, group_size=n)
-    lengths = [float(len(r.t.tokens)) for r in rows]
-    prompt_tokens = sum(len(r.t.prompt) for r in rows) if me.is_gen_writer else 0
-    response_tokens, prompt_tokens = global_sums([sum(lengths) if me.is_gen_writer else 0.0,
-                                                  float(prompt_tokens)])
-    return {**global_stats("response_length", lengths, me.is_gen_writer),
-            "prompt_length/mean": prompt_tokens / b.responses_per_iteration,
-            "tokens/response": response_tokens, "tokens/prompt": prompt_tokens}
+    """Responses to this generation-DP rank's share of the round's prompts, from the parts
+    the job's features name (a source of rows x a continuation x a scheduler,
+    ``rollout_parts/``); the first rank of each vLLM instance puts the rows (all samples
+    of a prompt together)."""
+    return compose(ctx).run()
 
 
 # ---------------------------------------------------------------------------------------
@@ -100,7 +72,7 @@ def reward_model(ctx: PhaseContext) -> dict[str, float]:
     batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
                          "train")
     with ctx.roles.reward_model_swap.resident():
-        scores = forward_scores(ctx.roles.reward_model, _rows(batch),
+        scores = forward_scores(ctx.roles.reward_model, row_batch(batch),
                                 ctx.batch.micro_batching[names.REWARD_MODEL])
     ctx.flow.put(batch, {"rm_scores": scores})
     return global_stats("reward_model/score", [float(s) for s in scores],
@@ -136,7 +108,7 @@ def reward(ctx: PhaseContext) -> dict[str, float]:
         if rl.overlong_buffer_len:  # DAPO: long responses lose up to the penalty factor
             penalty = overlong_penalty(
                 torch.tensor([len(r) for r in batch["response_ids"]]),
-                response_limit(ctx.config), rl.overlong_buffer_len,
+                ctx.features.response_limit, rl.overlong_buffer_len,
                 rl.overlong_penalty_factor)
             total, overlong = total + penalty, penalty.tolist()
         totals = total.tolist()
@@ -247,157 +219,105 @@ def _classify_new_groups(ctx: PhaseContext) -> list[tuple[int, list[int], bool]]
     return sorted(g for part in everyone for g in part)
 
 
-def _estimator(ctx: PhaseContext):
-    """(rl_config.adv_estimator's Estimator, its keyword arguments from rl_config)."""
-    est = registry.estimator(ctx.rl.adv_estimator)
-    return est, {key: getattr(ctx.rl, key) for key in est.params}
-
-
-def group_advantages(ctx: PhaseContext) -> dict[str, float]:
-    """Each response's reward against its group's (the n samples of its prompt), by
-    ``rl_config.adv_estimator`` (group_norm: GRPO; rloo; reinforce_plus_plus_baseline,
-    whose advantages are then whitened over every response token of the batch)."""
-    n = ctx.rl.n_samples_per_prompt
-    est, params = _estimator(ctx)
-    columns = ["rewards", "group_id", "sample_idx", "response_ids"]
-    if est.whiten_batch and ctx.flow.carries("response_mask"):
-        columns.append("response_mask")  # multi-turn: only the model's tokens are trained
-    batch = ctx.flow.get(columns, ctx.batch.kept_responses_per_generation_dp_rank,
-                         "gen_writers", whole_groups=True)
-    advantages = []
-    if batch is not None:
-        # [groups, n] by (group_id, sample_idx): the math never relies on row order.
-        group, sample = torch.stack(batch["group_id"]), torch.stack(batch["sample_idx"])
-        order = torch.argsort(group * n + sample)
-        group, sample = group[order].view(-1, n), sample[order].view(-1, n)
-        if not ((group == group[:, :1]).all() and (sample == torch.arange(n)).all()):
-            raise RuntimeError("adv: the rows delivered do not form whole groups of "
-                               f"n_samples_per_prompt={n} samples")
-        grouped = torch.stack(batch["rewards"])[order].view(-1, n)
-        adv = torch.empty(len(order))
-        adv[order] = est.fn(grouped, **params).reshape(-1)
-        advantages = [a.expand(len(r)).clone() for a, r in zip(adv, batch["response_ids"])]
-    if est.whiten_batch:
-        masks = batch["response_mask"] if "response_mask" in columns and batch is not None \
-            else [torch.ones(len(a)) for a in advantages]
-        advantages = _whitened_over_batch(advantages, [m.float() for m in masks])
-    ctx.flow.put(batch, {"advantages": advantages})
-    return {}
-
-
-def _whitened_over_batch(cells: list[torch.Tensor], masks: list[torch.Tensor],
-                         counted: bool = True) -> list[torch.Tensor]:
-    """Per-token cells whitened with the mean and unbiased variance of every rank's masked
-    tokens (verl's masked_whiten over the whole batch); masked tokens become 0. A rank
-    that holds copies of a peer's rows passes ``counted=False``."""
-    sums = [sum(float((c * m).sum()) for c, m in zip(cells, masks)),
-            sum(float((c.square() * m).sum()) for c, m in zip(cells, masks)),
-            sum(float(m.sum()) for m in masks)]
-    mean, var = moments_from_sums(*global_sums([v if counted else 0.0 for v in sums]))
-    return [whiten(c, m, mean, var) for c, m in zip(cells, masks)]
-
-
-def _token_rewards(ctx: PhaseContext, batch: DockBatch, mask: torch.Tensor,
-                   kl_in_reward: bool) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """(per-token rewards [rows, R], the KL to the reference [rows, R] or None, its
-    coefficient): the sequence score on the last token, minus the KL controller's
-    coefficient x the KL when ``kl_in_reward``."""
-    scores = torch.stack(batch["rewards"])
-    kl = None
+def advantages(ctx: PhaseContext) -> dict[str, float]:
+    """The job's estimator (``rl_config.adv_estimator``, ``mindspeed_rl/algorithms/``) on
+    the columns it reads: before the forwards, on whole groups where they were generated
+    (the ``adv`` phase), or after them in the training layout (its own phase). The
+    estimator decides its whitening and takes the KL into its reward when it declares
+    ``kl_in_reward``; this phase gathers its inputs, passes the cross-rank sums in and
+    writes its results."""
+    est, kl_in_reward = ctx.estimator, ctx.features.kl_in_reward
+    columns = ["response_ids", "rewards", *est.reads]
+    if ctx.flow.carries("response_mask"):  # multi-turn: the model's own tokens
+        columns.append("response_mask")
     if kl_in_reward:
-        _, logp_old = _padded(batch["logprobs_old"])  # (mask, values)
-        _, logp_ref = _padded(batch["logprobs_ref"])
-        kl = kl_penalty(logp_old, logp_ref, ctx.rl.kl_penalty) * mask
-    beta = ctx.state.kl_ctrl.value
-    return token_level_rewards(scores, mask, kl, beta), kl, beta
+        columns += [c for c in ("logprobs_old", "logprobs_ref") if c not in columns]
+    if est.whole_groups:
+        batch = ctx.flow.get(columns + ["group_id", "sample_idx"],
+                             ctx.batch.kept_responses_per_generation_dp_rank, "gen_writers",
+                             whole_groups=True)
+        counted = batch is not None
+    else:
+        batch = ctx.flow.get(columns, ctx.batch.responses_per_training_dp_rank, "train")
+        counted = counts_in_train_layout()
+    order = _row_order(batch, ctx.rl.n_samples_per_prompt, est.whole_groups)
+    x = _advantage_inputs(ctx, batch, order, kl_in_reward)
 
+    def sums(values: list[float]) -> list[float]:
+        return global_sums([v if counted else 0.0 for v in values])
 
-def _kl_metrics(ctx: PhaseContext, beta: float, s_kl: float, rows: float,
-                kl_in_reward: bool) -> dict[str, float]:
-    """The KL coefficient, and with the KL in the reward its per-token mean (which the
-    adaptive controller follows)."""
-    metrics = {"actor/kl_coef": beta}
-    if kl_in_reward:
-        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)  # KL per token
-        ctx.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
+    out = est.fn(x, sums, **est.kwargs(ctx.config))
+    results = {"advantages": out.advantages}
+    if out.returns is not None:
+        results["returns"] = out.returns
+    if batch is None:
+        ctx.flow.put(None, {})
+    else:  # back in the batch's row order, each cut to its response
+        at = torch.argsort(order).tolist()
+        lengths = [len(r) for r in batch["response_ids"]]
+        ctx.flow.put(batch, {name: [values[at[i]][:n].clone() for i, n in enumerate(lengths)]
+                             for name, values in results.items()})
+    metrics = dict(out.metrics)
+    if est.kl_in_reward:  # it may take the KL into its reward: its coefficient is logged
+        metrics.update(_kl_metrics(ctx, x, sums))
     return metrics
 
 
-def discounted_returns(ctx: PhaseContext) -> dict[str, float]:
-    """REINFORCE++: each token's discounted return of the per-token reward (the KL to the
-    reference inside it when ``use_kl_in_reward``), whitened over the whole batch."""
-    rl = ctx.rl
-    est, params = _estimator(ctx)
-    kl_in_reward = rl.use_kl_in_reward and ctx.roles.reference is not None
-    columns = ["response_ids", "rewards"] + (
-        ["logprobs_old", "logprobs_ref"] if kl_in_reward else [])
-    batch = ctx.flow.get(columns, ctx.batch.responses_per_training_dp_rank, "train")
-    counted = counts_in_train_layout()
-    mask, _ = _padded([torch.ones(len(r)) for r in batch["response_ids"]])
-    rewards, kl, beta = _token_rewards(ctx, batch, mask, kl_in_reward)
-    returns = est.fn(rewards, mask, **params)
-    lengths = [int(m.sum()) for m in mask]
-    cells = [r[:k].clone() for r, k in zip(returns, lengths)]
-    advantages = _whitened_over_batch(cells, [torch.ones(k) for k in lengths], counted)
-    ctx.flow.put(batch, {"advantages": advantages})
-    s_kl, rows = global_sums([
-        float(token_mean_kl_per_sequence(kl, mask).sum()) if kl is not None and counted else 0.0,
-        float(len(lengths)) if counted else 0.0])
-    return _kl_metrics(ctx, beta, s_kl, rows, kl_in_reward)
+def _row_order(batch: DockBatch | None, n: int, whole_groups: bool) -> torch.Tensor:
+    """The order the estimator reads the batch's rows in: by (group_id, sample_idx) for a
+    whole-group estimator (its math never relies on the dock's row order), else as
+    delivered."""
+    if batch is None:
+        return torch.zeros(0, dtype=torch.int64)
+    if not whole_groups:
+        return torch.arange(len(batch))
+    group, sample = torch.stack(batch["group_id"]), torch.stack(batch["sample_idx"])
+    order = torch.argsort(group * n + sample)
+    group, sample = group[order].view(-1, n), sample[order].view(-1, n)
+    if not ((group == group[:, :1]).all() and (sample == torch.arange(n)).all()):
+        raise RuntimeError("adv: the rows delivered do not form whole groups of "
+                           f"n_samples_per_prompt={n} samples")
+    return order
 
 
-def gae(ctx: PhaseContext) -> dict[str, float]:
-    """PPO: token-level GAE on the critic's values; the KL to the reference inside the
-    reward when ``use_kl_in_reward`` (its coefficient from the KL controller); advantages
-    whitened over the whole batch."""
-    rl = ctx.rl
-    kl_in_reward = rl.use_kl_in_reward and ctx.roles.reference is not None
-    columns = ["response_ids", "rewards", "values"] + (
-        ["logprobs_old", "logprobs_ref"] if kl_in_reward else [])
-    batch = ctx.flow.get(columns, ctx.batch.responses_per_training_dp_rank, "train")
-    counted = counts_in_train_layout()
-    mask, values = _padded(batch["values"])
-    rewards, kl, beta = _token_rewards(ctx, batch, mask, kl_in_reward)
-    scores = torch.stack(batch["rewards"])
-    adv, returns = gae_advantages(rewards, values, mask, rl.gamma, rl.lam)
-    # The KL controller reads each sequence's per-token mean KL, averaged over sequences.
-    sums = [float((adv * mask).sum()), float((adv.square() * mask).sum()), float(mask.sum()),
-            float(token_mean_kl_per_sequence(kl, mask).sum()) if kl is not None else 0.0,
-            float(len(scores)), float((returns * mask).sum())]
-    s_adv, s_adv2, tokens, s_kl, rows, s_ret = global_sums([v if counted else 0.0 for v in sums])
-    if rl.advantage_whiten:
-        mean = s_adv / max(tokens, 1.0)
-        var = s_adv2 / max(tokens, 1.0) - mean ** 2
-        adv = whiten(adv, mask, mean, var * tokens / max(tokens - 1.0, 1.0))
-    lengths = [int(m.sum()) for m in mask]
-    ctx.flow.put(batch, {"advantages": [a[:k].clone() for a, k in zip(adv, lengths)],
-                         "returns": [r[:k].clone() for r, k in zip(returns, lengths)]})
-    return {"critic/returns_mean": s_ret / max(tokens, 1.0),
-            **_kl_metrics(ctx, beta, s_kl, rows, kl_in_reward)}
+def _advantage_inputs(ctx: PhaseContext, batch: DockBatch | None, order: torch.Tensor,
+                      kl_in_reward: bool) -> AdvantageInputs:
+    """The estimator's view of the rows (in ``order``), padded to the longest response; a
+    rank without rows passes empty ones (it still takes part in the sums)."""
+    n = ctx.rl.n_samples_per_prompt
+    if batch is None:
+        empty = torch.zeros(0, 0)
+        return AdvantageInputs(torch.zeros(0), empty, empty, n, kl_coef=ctx.state.kl_ctrl.value)
+
+    def padded(column: str) -> torch.Tensor | None:
+        if column not in batch.columns:
+            return None
+        return pad_cells([batch[column][i].float() for i in order.tolist()])[1]
+
+    response_mask = pad_cells([torch.ones(len(batch["response_ids"][i]))
+                               for i in order.tolist()])[0]
+    loss_mask = padded("response_mask")
+    old, ref = padded("logprobs_old"), padded("logprobs_ref")
+    kl = kl_penalty(old, ref, ctx.rl.kl_penalty) * response_mask if kl_in_reward else None
+    return AdvantageInputs(
+        rewards=torch.stack([batch["rewards"][i] for i in order.tolist()]),
+        response_mask=response_mask,
+        loss_mask=response_mask if loss_mask is None else loss_mask, group_size=n,
+        values=padded("values"), logprobs_old=old, logprobs_teacher=padded("logprobs_teacher"),
+        kl=kl, kl_coef=ctx.state.kl_ctrl.value)
 
 
-def _mark_off_policy(ctx: PhaseContext, rows: RowBatch, proximal: int) -> None:
-    """Replace the rows' token versions by their ``off_policy`` mask (1 where weights other
-    than the ``proximal`` version generated the token) and check the age bound."""
-    versions = rows.extras.pop("token_versions")
-    rows.extras["off_policy"] = [(v != proximal).float() for v in versions]
-    births = rows.extras.pop("birth_iteration")
-    bound = ctx.rl.partial_rollout_max_split - 1
-    too_old = [int(b) for b in births if ctx.it.iteration - int(b) > bound]
-    if too_old:
-        raise RuntimeError(f"partial rollout: a row born in iteration {too_old[0]} reached "
-                           f"the update of iteration {ctx.it.iteration}, older than "
-                           f"partial_rollout_max_split - 1 = {bound} iterations")
-
-
-def _padded(cells: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """([rows, R] mask, [rows, R] values) of variable-length per-token cells."""
-    padded = torch.nn.utils.rnn.pad_sequence(cells, batch_first=True) if cells else \
-        torch.zeros(0, 0)
-    mask = torch.zeros_like(padded)
-    for i, c in enumerate(cells):
-        mask[i, :len(c)] = 1.0
-    return mask, padded.float()
+def _kl_metrics(ctx: PhaseContext, x: AdvantageInputs, sums) -> dict[str, float]:
+    """The KL coefficient, and with the KL in the reward its per-token mean (each
+    sequence's token mean, averaged over the sequences), which the adaptive controller
+    follows."""
+    metrics = {"actor/kl_coef": x.kl_coef}
+    if x.kl is not None:
+        s_kl, rows = sums([float(token_mean_kl_per_sequence(x.kl, x.response_mask).sum()),
+                           float(len(x.rewards))])
+        metrics["actor/reward_kl_penalty"] = s_kl / max(rows, 1.0)
+        ctx.state.kl_ctrl.update(s_kl / max(rows, 1.0), int(rows))
+    return metrics
 
 
 # ---------------------------------------------------------------------------------------
@@ -405,17 +325,17 @@ def _padded(cells: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------
 def _replayed(ctx: PhaseContext) -> tuple[str, ...]:
     """The routing column a forward pass replays (routing replay R3: the rollout's)."""
-    return (ROUTING,) if ctx.rl.router_replay == "R3" else ()
+    return (ROUTING,) if ctx.features.replays_rollout_routing else ()
 
 
 def old_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The actor's log-probs before this iteration's first optimizer step; with routing
     replay R2 also the experts this pass chose (replayed by the update), with R3 this pass
     replays the rollout's."""
-    mode = ctx.rl.router_replay
+    mode = ctx.features.router_replay
     batch = ctx.flow.get(["prompt_ids", "response_ids", *_replayed(ctx)],
                          ctx.batch.responses_per_training_dp_rank, "train")
-    rows = _rows(batch, _replayed(ctx))
+    rows = row_batch(batch, _replayed(ctx))
     with replaying(ctx.roles.actor.model, {"R2": RECORD, "R3": REPLAY}.get(mode)) as routing:
         logp, _ = forward_logprobs(ctx.roles.actor.model, rows,
                                    ctx.batch.micro_batching[names.OLD_LOG_P], ctx.vocab_size,
@@ -431,7 +351,7 @@ def reference_logprobs(ctx: PhaseContext) -> dict[str, float]:
     """The frozen reference's log-probs (the KL anchor), onloaded for this phase only."""
     batch = ctx.flow.get(["prompt_ids", "response_ids", *_replayed(ctx)],
                          ctx.batch.responses_per_training_dp_rank, "train")
-    roles, rows = ctx.roles, _rows(batch, _replayed(ctx))
+    roles, rows = ctx.roles, row_batch(batch, _replayed(ctx))
     if roles.reference_layout is not None:  # ref_config's own TP x PP
         if _replayed(ctx):
             raise RouterReplayError("rl_config.router_replay=R3 replays the rollout's routing "
@@ -450,12 +370,33 @@ def reference_logprobs(ctx: PhaseContext) -> dict[str, float]:
     return {}
 
 
+def teacher_logprobs(ctx: PhaseContext) -> dict[str, float]:
+    """On-policy distillation: the frozen teacher's log-probs of the student's sampled
+    tokens, at the sampling temperature, through the same packed forward as the reference;
+    onloaded for this phase only. In a layout of its own the rows of every training-DP
+    rank are shared out over the teacher's DP ranks and the log-probs brought back
+    (``own_layout.py``)."""
+    batch = ctx.flow.get(["prompt_ids", "response_ids"],
+                         ctx.batch.responses_per_training_dp_rank, "train")
+    teacher = ctx.roles.teacher
+    if teacher.layout is None:
+        with teacher.swap.resident():
+            logp, _ = forward_logprobs(teacher.model, row_batch(batch),
+                                       ctx.batch.micro_batching[names.REFERENCE_MODEL],
+                                       teacher.vocab_size, temperature=ctx.temperature)
+    else:
+        logp = logprobs_in_own_layout(ctx, teacher.model, teacher.swap, teacher.layout,
+                                      teacher.vocab_size, row_batch(batch))
+    ctx.flow.put(batch, {"logprobs_teacher": logp})
+    return {}
+
+
 def values(ctx: PhaseContext) -> dict[str, float]:
     """The critic's values of the rollout (the baseline GAE and the value clip use)."""
     batch = ctx.flow.get(["prompt_ids", "response_ids"], ctx.batch.responses_per_training_dp_rank,
                          "train")
     with ctx.roles.critic_swap.resident():
-        vals = forward_values(ctx.roles.critic.model, _rows(batch),
+        vals = forward_values(ctx.roles.critic.model, row_batch(batch),
                               ctx.batch.micro_batching[names.VALUES])
     ctx.flow.put(batch, {"values": vals})
     return {}
@@ -475,7 +416,7 @@ def critic_update(ctx: PhaseContext) -> dict[str, float]:
                                      b.responses_per_mini_batch_per_training_dp_rank, "train",
                                      consumer=f"{names.CRITIC_UPDATE}_{epoch}")
                 steps.append(critic.update(
-                    _rows(batch, ("values", "returns")), b.micro_batching[names.CRITIC_UPDATE],
+                    row_batch(batch, ("values", "returns")), b.micro_batching[names.CRITIC_UPDATE],
                     cliprange_value=rl.cliprange_value))
     metrics = _mean_of_steps(steps, "critic")
     # over the mini-batches where it is defined (NaN when the returns of none varied)
@@ -489,7 +430,7 @@ def critic_update(ctx: PhaseContext) -> dict[str, float]:
 def actor_update(ctx: PhaseContext) -> dict[str, float]:
     """``epochs`` passes of mini-batches of the clipped policy loss (+ KL, entropy); one
     optimizer step per mini-batch. PPO's actor waits ``critic_warmup`` iterations."""
-    rl, b, actor = ctx.rl, ctx.batch, ctx.roles.actor
+    rl, b, actor, features = ctx.rl, ctx.batch, ctx.roles.actor, ctx.features
     if ctx.it.iteration <= rl.critic_warmup:
         return {}
     extras = ["advantages", "logprobs_rollout", "weight_version"]
@@ -497,35 +438,41 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
         extras.append("response_mask")
     if ctx.flow.carries("logprobs_old"):  # else on-policy: the update's own, detached
         extras.append("logprobs_old")
-    if rl.router_replay != "none":  # the routing every micro-step replays (R2: old pass's)
+    if features.router_replay:  # the routing every micro-step replays (R2: old pass's)
         extras.append(ROUTING)
-    partial = rl.partial_rollout_max_split > 1
-    if partial:  # which tokens older weights generated: off-policy, importance-weighted
+    if features.partial_rollout:  # which tokens older weights generated: importance-weighted
         extras += ["token_versions", "birth_iteration"]
-    proximal = actor.weight_version  # the weights the old log-probs were computed with
-    kl_coef = 0.0 if rl.use_kl_in_reward or ctx.roles.reference is None else rl.init_kl_coef
-    if kl_coef:
+    if features.kl_loss_coef:
         extras.append("logprobs_ref")
+    proximal = actor.weight_version  # the weights the old log-probs were computed with
     steps, lags = [], []
     for epoch in range(rl.epochs):
         for _ in range(b.mini_batches_per_epoch):
             batch = ctx.flow.get(["prompt_ids", "response_ids", *extras],
                                  b.responses_per_mini_batch_per_training_dp_rank, "train",
                                  consumer=f"{names.UPDATE}_{epoch}")
-            rows = _rows(batch, tuple(extras))
+            rows = row_batch(batch, tuple(extras))
             lags.append(version_lag(rl, rows, actor.weight_version))
-            if partial:
-                _mark_off_policy(ctx, rows, proximal)
+            if features.partial_rollout:
+                mark_off_policy(rows, proximal, ctx.it.iteration,
+                                features.partial_rollout_max_split)
             steps.append(actor.update(
                 rows, b.micro_batching[names.UPDATE], rl,
-                kl_coef=kl_coef, vocab_size=ctx.vocab_size,
-                norm_length=response_limit(ctx.config),
-                temperature=ctx.temperature, is_norm=rollout_is_batch_mean(rl, rows)))
+                kl_coef=features.kl_loss_coef, vocab_size=ctx.vocab_size,
+                norm_length=features.response_limit, temperature=ctx.temperature,
+                is_norm=rollout_is_batch_mean(rl, rows),
+                replay_routing=features.router_replay is not None,
+                off_policy=features.partial_rollout))
+    return _actor_metrics(ctx, steps, lags)
+
+
+def _actor_metrics(ctx: PhaseContext, steps: list[dict[str, float]], lags: list) -> dict:
+    """The update's statistics over its optimizer steps, under their namespaces."""
     metrics = _mean_of_steps(steps, "actor")
     metrics.update({k[len("actor/"):]: metrics.pop(k) for k in list(metrics)
                     if k.startswith(("actor/rollout_corr/", "actor/routing/"))})
     metrics.update(staleness_metrics(lags))
-    if partial:
+    if ctx.features.partial_rollout:
         for key in ("off_policy_token_fraction", "off_policy_is_weight_mean"):
             metrics[f"rollout/{key}"] = metrics.pop(f"actor/{key}")
         metrics["rollout/off_policy_is_weight_max"] = max(s["off_policy_is_weight_max"]
@@ -535,6 +482,6 @@ def actor_update(ctx: PhaseContext) -> dict[str, float]:
     metrics["rollout/logprob_abs_diff_max"] = max(s["rollout_logprob_abs_diff_max"]
                                                   for s in steps)
     metrics.pop("actor/rollout_logprob_abs_diff_max")
-    metrics["actor/lr"] = actor.lr
-    metrics["actor/skipped_steps"] = float(actor.step_guard.pop_skipped())
+    metrics["actor/lr"] = ctx.roles.actor.lr
+    metrics["actor/skipped_steps"] = float(ctx.roles.actor.step_guard.pop_skipped())
     return metrics

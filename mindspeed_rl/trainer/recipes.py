@@ -1,6 +1,8 @@
 """The phase table: each phase name (``mindspeed_rl/algorithms/phase_names.py``) with its
-function and when it runs; an algorithm's recipe is its family's phase list with its
-estimator's advantage phase (``mindspeed_rl/algorithms/registry.py``).
+function and whether it belongs to the generation round. Which phases a job runs, and in
+what order, is decided in the config layer (``config.features.phases``: its family's
+phase list with its estimator's advantage phase, less the optional phases no feature
+asks for, ``mindspeed_rl/config/features.py``).
 
     GRPO: [reshard -> rollout -> reshard -> [reward model] -> reward -> [dynamic sampling]]
           -> [adv] -> [old log-probs] -> [reference] -> [discounted returns]
@@ -10,11 +12,9 @@ estimator's advantage phase (``mindspeed_rl/algorithms/registry.py``).
 
 The outer brackets are the generation round: the trainer repeats those phases until the
 batch is ready (a round-closing phase such as DAPO's dynamic sampling may ask for
-another round on fresh prompts), then runs the rest once. Phases in inner brackets
-run only when the job needs them (a reward model is configured, dynamic sampling, more
-than one optimizer step per iteration, a KL term); of GRPO's two advantage phases the
-estimator's runs (``adv``: group_norm, rloo, reinforce_plus_plus_baseline;
-``discounted_returns``: reinforce_plus_plus, after the forwards whose KL it may read).
+another round on fresh prompts), then runs the rest once. Phases in inner brackets run
+only when the job needs them; of the advantage phases the estimator's runs (all four map
+to one function: the estimator owns its math).
 
 A new phase is one function ``phase(ctx) -> metrics`` (``phases.py``), one line in
 ``PHASES`` below, and its name in the phase list of each family that runs it
@@ -32,7 +32,6 @@ from mindspeed_rl.algorithms.phase_names import (ADV, CRITIC_UPDATE, DISCOUNTED_
                                                  REFERENCE_MODEL, RESHARDING_TO_INFER,
                                                  RESHARDING_TO_TRAIN, REWARD, REWARD_MODEL,
                                                  ROLLOUT, TEACHER_MODEL, UPDATE, VALUES)
-from mindspeed_rl.trainer import distillation_phases as d
 from mindspeed_rl.trainer import phases as p
 
 
@@ -41,44 +40,25 @@ class Phase:
     name: str  # also its timer (timing/<name>) and its TransferDock consumer name
     run: Callable  # run(ctx: PhaseContext) -> metrics
     generation: bool = False  # part of the generation round (repeated until the batch is ready)
-    needed: Callable = lambda config, plan: True  # needed(config, plan) -> bool
 
 
-def _old_logprobs_needed(config, plan) -> bool:
-    """After the first optimizer step of an iteration the policy is no longer the one the
-    iteration started with (the proximal policy of a partial rollout's older rows); the
-    KL-in-reward (PPO, REINFORCE++) also reads those log-probs, and so does the batch mean
-    of the rollout-correction weights (``rollout_is_batch_normalize``). With one optimizer step the
-    update's own forward runs at the proximal weights: its log-probs, detached, are the
-    old ones."""
-    rl = config.rl_config
-    return (plan.batch.needs_old_logprobs or (rl.use_kl_in_reward and rl.init_kl_coef != 0)
-            or config.teacher_config is not None  # distillation: the student's log-probs
-            or (rl.rollout_is is not None and rl.rollout_is_batch_normalize)  # the batch's mean
-            or rl.router_replay == "R2")  # routing replay R2 records this pass's experts
-
-
-# One line per phase: its function, whether it belongs to the generation round, and when
-# a job needs it. The order phases run in is each family's (mindspeed_rl/algorithms/).
+# One line per phase: its function and whether it belongs to the generation round. The
+# order phases run in is each family's (mindspeed_rl/algorithms/).
 PHASES: dict[str, Phase] = {phase.name: phase for phase in (
     Phase(RESHARDING_TO_INFER, p.resharding_to_infer, generation=True),
     Phase(ROLLOUT, p.rollout, generation=True),
     Phase(RESHARDING_TO_TRAIN, p.resharding_to_train, generation=True),
-    Phase(REWARD_MODEL, p.reward_model, generation=True,
-          needed=lambda config, plan: config.reward_config is not None),
+    Phase(REWARD_MODEL, p.reward_model, generation=True),
     Phase(REWARD, p.reward, generation=True),
-    Phase(DYNAMIC_SAMPLING, p.dynamic_sampling, generation=True,
-          needed=lambda config, plan: config.rl_config.filter_groups_enable),
-    Phase(ADV, p.group_advantages),
+    Phase(DYNAMIC_SAMPLING, p.dynamic_sampling, generation=True),
+    Phase(ADV, p.advantages),
     Phase(VALUES, p.values),
-    Phase(OLD_LOG_P, p.old_logprobs, needed=_old_logprobs_needed),
-    Phase(REFERENCE_MODEL, p.reference_logprobs,
-          needed=lambda config, plan: config.rl_config.init_kl_coef != 0),
-    Phase(DISCOUNTED_RETURNS, p.discounted_returns),
-    Phase(TEACHER_MODEL, d.teacher_logprobs,
-          needed=lambda config, plan: config.teacher_config is not None),
-    Phase(DISTILL_ADV, d.distill_advantages),
-    Phase(GAE, p.gae),
+    Phase(OLD_LOG_P, p.old_logprobs),
+    Phase(REFERENCE_MODEL, p.reference_logprobs),
+    Phase(DISCOUNTED_RETURNS, p.advantages),
+    Phase(TEACHER_MODEL, p.teacher_logprobs),
+    Phase(DISTILL_ADV, p.advantages),
+    Phase(GAE, p.advantages),
     Phase(CRITIC_UPDATE, p.critic_update),
     Phase(UPDATE, p.actor_update),
 )}
@@ -91,18 +71,9 @@ def recipes() -> dict[str, tuple[str, ...]]:
             for a in registry.algorithms() for e in registry.estimators(a.name)}
 
 
-# Each family's default recipe under its name ("grpo", "ppo"), and every (family,
-# estimator) recipe as "family/estimator" (the registry when this module was imported).
-ALGORITHMS: dict[str, tuple[str, ...]] = {
-    **{a.name: registry.phases(a.name, a.default_estimator) for a in registry.algorithms()},
-    **recipes()}
-
-
-def phases_of(config, plan) -> tuple[Phase, ...]:
-    """The phases ``config``'s algorithm runs with its estimator, in order (those it does
-    not need left out)."""
-    names = registry.phases(config.algorithm, config.rl_config.adv_estimator)
-    return tuple(PHASES[name] for name in names if PHASES[name].needed(config, plan))
+def phases_of(config) -> tuple[Phase, ...]:
+    """The phases ``config``'s job runs, in order (``config.features.phases``)."""
+    return tuple(PHASES[name] for name in config.features.phases)
 
 
 def split_rounds(phases: tuple[Phase, ...]) -> tuple[tuple[Phase, ...], tuple[Phase, ...]]:

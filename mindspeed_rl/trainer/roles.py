@@ -53,7 +53,7 @@ class Roles:
     reference_source: object = None  # weight_source.WeightSource of the reference
     reference_layout: object = None  # parallel.second_layout.SecondLayout: its own, or None
     teacher: object = None  # teacher_role.Teacher: on-policy distillation's
-    agent: object = None  # multi_turn.Agent: the tool pool of multi-turn rollouts (lazily)
+    agent: object = None  # rollout_parts.agent.Agent: the tool turns' tools (built lazily)
 
     @property
     def trainables(self) -> dict:
@@ -97,7 +97,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     """
     from mindspeed_rl.models.training_options import training_model_options
 
-    mt, rl = config.megatron_training, config.rl_config
+    mt, rl, features = config.megatron_training, config.rl_config, config.features
     env = RoleEnv(
         arch=arch, seed=mt.seed, pin=platform.device_type != "cpu",
         model_options=dict(params_dtype=torch.bfloat16 if mt.bf16 else torch.float32,
@@ -107,26 +107,26 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
                        max_consecutive_skipped_steps=rl.max_consecutive_skipped_steps),
         total_steps=mt.train_iters * plan.batch.optimizer_steps_per_iteration)
     rm_arch = None
-    if config.reward_config is not None:  # refused from its files, before any model is built
+    if features.reward_model:  # refused from its files, before any model is built
         rm_arch = reward_model_architecture(config.reward_config.load, arch, model_dir)
     actor = build_actor(config.actor_config, env, start)
     rollout = build_rollout(config, model_dir, platform)
     resharder = build_resharder(config.generate_config, actor, rollout, env, platform)
     roles = Roles(actor=actor, rollout=rollout, resharder=resharder)
     env = dataclasses.replace(env, ledger=resharder.ledger)
-    if rl.init_kl_coef and rl.share_backbone:
+    if features.reference and rl.share_backbone:
         roles.reference, roles.reference_swap = actor.model, SharedBackbone(actor.model)
-    elif rl.init_kl_coef:
+    elif features.reference:
         (roles.reference, roles.reference_swap, roles.reference_source,
          roles.reference_layout) = build_reference(
             config.ref_config, env, actor.model, start, config.actor_config.load,
             timeout_s=rl.collective_timeout_s)
     if config.critic_config is not None:
         roles.critic, roles.critic_swap = build_critic(config.critic_config, env, start)
-    if config.reward_config is not None:
+    if features.reward_model:
         roles.reward_model, roles.reward_model_swap = build_reward_model(
             config.reward_config, env, rm_arch)
-    if config.teacher_config is not None:
+    if features.teacher:
         from mindspeed_rl.trainer.teacher_role import build_teacher
 
         roles.teacher = build_teacher(config, env, arch)

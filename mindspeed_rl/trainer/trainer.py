@@ -15,7 +15,6 @@ replicated part).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -25,11 +24,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from mindspeed_rl.algorithms import KLController
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
-from mindspeed_rl.rewards import compute_rewards, reward_pool_for
+from mindspeed_rl.rewards import reward_pool_for
 from mindspeed_rl.trainer.context import (BoundFlow, IterationState, PhaseContext, Ranks,
                                           TrainerState)
 from mindspeed_rl.trainer.flow import SampleFlow
-from mindspeed_rl.trainer.reductions import global_sums
 from mindspeed_rl.trainer.recipes import phases_of, split_rounds
 
 
@@ -49,10 +47,10 @@ class RLTrainer(Stateful):
         self.model_dir, self.tokenizer, self.arch = _model(config)
         self.train_data, self.test_data = _datasets(config, self.tokenizer)
         start = self._build_roles()  # None: resume from actor_config.load
-        self.phases = phases_of(config, plan)
+        self.phases = phases_of(config)
         self.round_phases, self.once_phases = split_rounds(self.phases)
         self.ranks = _ranks(self.rank, self.world, plan.layout)
-        self.flow = _sample_flow(rl, self.phases, plan.layout)
+        self.flow = _sample_flow(config, self.phases, plan.layout)
         self.state = TrainerState(kl_ctrl=KLController(rl.init_kl_coef, rl.kl_ctrl_type,
                                                        rl.kl_target, rl.kl_horizon))
         self._saved_at = None  # the last iteration checkpointed
@@ -228,55 +226,23 @@ class RLTrainer(Stateful):
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the test prompts (the first verifier's score; a verifier that
-        scores wrong answers below 0 counts them as 0). With multi-turn rollouts: with the
-        tools (the agent loop) and without them (one turn), and the tool-call rate."""
+        """Greedy accuracy on the test prompts (``evaluation.py``); with multi-turn rollouts
+        with the tools and without them, and the tool-call rate."""
+        from mindspeed_rl.trainer.evaluation import evaluate
+        from mindspeed_rl.trainer.rollout_parts.agent import agent_of
+
         mt = self.config.megatron_training
         items = list(self.test_data)[: mt.num_test_prompts or len(self.test_data)]
         mine = items[self.ranks.gen_dp_rank::self.plan.layout.infer_data_parallel_size]
+        agent = (agent_of(self.roles, self.config, self.tokenizer, self.world)
+                 if self.config.features.multi_turn else None)
         self.roles.resharder.to_infer()
-        greedy = dataclasses.replace(self.config.sampling_config, temperature=0.0, top_p=1.0,
-                                     top_k=-1, min_p=0.0)
-        texts = []
-        if mine:
-            result = self.roles.rollout.generate([p.prompt_ids for p in mine], 1, greedy)
-            texts = [self.tokenizer.decode(g[0].token_ids, skip_special_tokens=True)
-                     for g in result.completions]
-        metrics = {"eval/accuracy": self._accuracy(mine, texts)}
-        if self.config.rl_config.multi_turn_enable:  # the policy as it trains: with its tools
-            metrics = {"eval/accuracy_without_tools": metrics["eval/accuracy"],
-                       **self._evaluate_with_tools(mine, greedy)}
+        metrics, rows = evaluate(self.config, self.roles, self.tokenizer, mine, self.ranks,
+                                 self.reward_pool, agent)
         self.roles.resharder.to_train()
-        own = self.ranks.is_gen_writer  # TP_g peers generated the same texts
-        count = global_sums([len(mine) if own else 0.0])[0]
-        self.last_eval_samples = list(zip([p.prompt_text for p in mine], texts))[:3]
-        return {**metrics, "eval/num_prompts": count}
-
-    def _accuracy(self, items, texts) -> float:
-        rl = self.config.rl_config
-        scores = []
-        if items and rl.verifier_function:
-            _, per = compute_rewards(texts, [p.answer for p in items], rl.verifier_function[:1],
-                                     [1.0], pool=self.reward_pool)
-            scores = per[rl.verifier_function[0]].clamp(min=0.0).tolist()
-        own = self.ranks.is_gen_writer
-        total, count = global_sums([sum(scores) if own else 0.0, len(scores) if own else 0.0])
-        return total / max(count, 1.0)
-
-    def _evaluate_with_tools(self, items, greedy) -> dict[str, float]:
-        from mindspeed_rl.trainer.multi_turn import agent_of, run_trajectories, stepwise_turns
-
-        agent = agent_of(self.roles, self.config, self.tokenizer, self.world)
-        trajectories, _ = run_trajectories(agent, self.roles.rollout, self.tokenizer,
-                                           [p.prompt_ids for p in items], 1, greedy,
-                                           [0] * len(items),
-                                           stepwise=stepwise_turns(self.config))
-        texts = [self.tokenizer.decode(t.tokens, skip_special_tokens=True) for t in trajectories]
-        own = self.ranks.is_gen_writer
-        calls, count = global_sums([sum(float(t.tool_calls > 0) for t in trajectories)
-                                    if own else 0.0, len(trajectories) if own else 0.0])
-        return {"eval/accuracy": self._accuracy(items, texts),
-                "eval/tool_call_rate": calls / max(count, 1.0)}
+        self.last_eval_samples = [(p.prompt_text, self.tokenizer.decode(
+            r.t.tokens, skip_special_tokens=True)) for p, r in zip(mine, rows)][:3]
+        return metrics
 
     # ---- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -381,19 +347,16 @@ def _ranks(rank: int, world: int, layout) -> Ranks:
     return Ranks(rank=rank, world=world, gen_dp_rank=rank // tpg, is_gen_writer=rank % tpg == 0)
 
 
-def _sample_flow(rl, phases, layout) -> SampleFlow:
+def _sample_flow(config, phases, layout) -> SampleFlow:
     """The TransferDock of ``rl_config.transfer_dock_mode`` seen through the column contract
     of the algorithm's phases."""
-    from mindspeed_rl.trainer.columns import MULTI_TURN, PARTIAL_ROLLOUT, ROUTER_REPLAY
     from mindspeed_rl.transfer_dock import build_transfer_dock
 
+    rl = config.rl_config
     dock = build_transfer_dock(rl.transfer_dock_mode,
                                timeout_s=rl.transfer_dock_timeout_s or rl.collective_timeout_s)
-    features = ((PARTIAL_ROLLOUT,) if rl.partial_rollout_max_split > 1 else ()) + \
-        ((MULTI_TURN,) if rl.multi_turn_enable else ()) + \
-        ((ROUTER_REPLAY,) if rl.router_replay != "none" else ())
     return SampleFlow(dock, [p.name for p in phases], _layouts(layout), trace=rl.log_sample_flow,
-                      features=features)
+                      features=config.features.on)
 
 
 def _efficiency(config, platform, model):

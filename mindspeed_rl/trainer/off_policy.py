@@ -1,10 +1,13 @@
-"""The trainer's side of rollout correction (verl's keys, ``algorithms/rollout_correction.py``)
-and of staleness counted in weight versions.
+"""The trainer's side of off-policy rows: rollout correction (verl's keys,
+``algorithms/rollout_correction.py``), staleness counted in weight versions, and the tokens
+a partial rollout's older weights generated.
 
 - ``rollout_is_batch_mean``: the mean of the mini-batch's IS weights over every DP rank,
   which ``rollout_is_batch_normalize`` divides them by (the loss sees one micro-batch).
 - ``version_lag``: how many optimizer steps (weight versions) each trained token's weights
   lag the ones the update trains, its metrics, and the bound ``max_weight_version_lag``.
+- ``mark_off_policy``: a partial rollout's rows as the update reads them (which tokens an
+  older policy generated), with the age bound checked.
 """
 
 from __future__ import annotations
@@ -13,11 +16,8 @@ import torch
 
 from mindspeed_rl.algorithms import rollout_correction as rc_fn
 from mindspeed_rl.engine.micro_batches import RowBatch
+from mindspeed_rl.trainer.flow import pad_cells
 from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_sums
-
-
-def _padded(cells: list[torch.Tensor]) -> torch.Tensor:
-    return torch.nn.utils.rnn.pad_sequence([c.float() for c in cells], batch_first=True)
 
 
 def rollout_is_batch_mean(rl, rows: RowBatch) -> float | None:
@@ -29,12 +29,12 @@ def rollout_is_batch_mean(rl, rows: RowBatch) -> float | None:
     rc = rc_fn.RolloutCorrection.from_rl(rl)
     total = count = 0.0
     if len(rows) and counts_in_train_layout():
-        old = _padded(rows.extras["logprobs_old"])
-        rollout = _padded(rows.extras["logprobs_rollout"])
+        old = pad_cells(rows.extras["logprobs_old"])[1]
+        rollout = pad_cells(rows.extras["logprobs_rollout"])[1]
         if "response_mask" in rows.extras:
-            mask = _padded(rows.extras["response_mask"])
+            mask = pad_cells(rows.extras["response_mask"])[1]
         else:
-            mask = _padded([torch.ones(len(r)) for r in rows.responses])
+            mask = pad_cells([torch.ones(len(r)) for r in rows.responses])[1]
         weights = rc_fn.rollout_is_weights(old, rollout, mask, rc.is_level, rc.is_threshold,
                                            rc.is_threshold_lower)
         total, count = rc_fn.is_weight_mean_sums(weights, mask, rc.is_level)
@@ -71,6 +71,21 @@ def version_lag(rl, rows: RowBatch, current: int) -> dict[str, float]:
             masks = rows.extras.get("response_mask") or [torch.ones(len(x)) for x in lags]
             rows.extras["response_mask"] = [m.float() * (1.0 - o) for m, o in zip(masks, over)]
     return out
+
+
+def mark_off_policy(rows: RowBatch, proximal: int, iteration: int, max_split: int) -> None:
+    """Replace the rows' token versions by their ``off_policy`` mask (1 where weights other
+    than the ``proximal`` version generated the token) and check the age bound: no row is
+    trained more than ``max_split - 1`` iterations after its first token."""
+    versions = rows.extras.pop("token_versions")
+    rows.extras["off_policy"] = [(v != proximal).float() for v in versions]
+    births = rows.extras.pop("birth_iteration")
+    bound = max_split - 1
+    too_old = [int(b) for b in births if iteration - int(b) > bound]
+    if too_old:
+        raise RuntimeError(f"partial rollout: a row born in iteration {too_old[0]} reached "
+                           f"the update of iteration {iteration}, older than "
+                           f"partial_rollout_max_split - 1 = {bound} iterations")
 
 
 def staleness_metrics(steps: list[dict[str, float]]) -> dict[str, float]:

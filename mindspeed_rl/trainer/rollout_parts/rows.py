@@ -1,22 +1,15 @@
-"""Rollout rows: where a row comes from, how it is continued, and its dock columns, once.
+"""Rollout rows: one sample's trajectory and where it belongs, written to the dock in one
+place (its columns, and the small tags every rank reads back without moving cells).
 
-A rollout is two independent choices (docs/trainer.md):
-
-- where the rows come from: fresh prompts (:func:`fresh_rows`, every rollout) or rows
-  carried in the TransferDock from an earlier pass (:func:`rows_of`, partial rollout);
-- how a row is continued: one model turn (:class:`SingleTurn`) or the agent loop, tools
-  between the model's turns (:class:`ToolTurns`, multi-turn). With a pass budget (partial
-  rollout) either continues each row for at most that many model tokens; the agent loop
-  then pauses a trajectory mid-turn, or after a tool turn, and resumes it in a later pass.
-
-:func:`columns_of` writes the rows as the dock's columns (the column contract of
-``columns.py``: which columns depends on the features the run has on).
+A row is read back from the dock (:func:`rows_of`) when a source carries it into a later
+pass (partial rollout); its columns depend on the run's features (:func:`row_columns`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mindspeed_rl.rollout.agent_loop import Trajectory
@@ -25,12 +18,18 @@ from mindspeed_rl.trainer.columns import FINISH_REASONS
 PARTIAL = FINISH_REASONS.index("partial")
 ROUTED = "routed_experts"  # router_replay R3's column
 
+# Replicated per-row tags (TransferDock.put(..., tags=...)): what the pool of carried rows
+# and the rollout's metrics read on every rank.
+FINISHED, BIRTH, GROUP, LENGTH = "finished", "birth", "group", "length"
+PROMPT_LENGTH, MODEL_TOKENS, TURNS = "prompt_length", "model_tokens", "turns"
+TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS = "tool_calls", "tool_errors", "tool_timeouts"
+
 
 @dataclass
 class Row:
     """One sample: its trajectory after the prompt (tokens, loss mask, behaviour log-probs,
-    tool counters) and where it belongs (prompt, group, sample), with the weight version of
-    every token and, under partial rollout, its age and segments."""
+    tool counters, the seed of its next segment) and where it belongs (prompt, group,
+    sample), with the weight version of every token, its age and its segments."""
 
     t: Trajectory
     prompt_index: int
@@ -46,18 +45,26 @@ class Row:
     def finished(self) -> bool:
         return self.finish != PARTIAL
 
+    def close_segment(self, tokens_before: int, version: int, iteration: int) -> None:
+        """After a pass: the versions of the new tokens, the row's birth at its first."""
+        self.versions += [version] * (len(self.t.tokens) - tokens_before)
+        if self.num_segments == 0:  # its first token: the row's age starts
+            self.birth_iteration, self.weight_version = iteration, version
+        self.num_segments += 1
 
-def fresh_rows(prompts, mine, first_group: int, n: int, version: int, seeds) -> list[Row]:
-    """``n`` empty rows per prompt (all samples of a prompt together)."""
-    trajectories = [Trajectory(prompt=list(p), seed=(s * 1_000_003 + j * 104_729) % 2**31)
-                    for p, s in zip(prompts, seeds) for j in range(n)]
-    return [Row(t, prompt_index=int(mine[k // n]), group_id=first_group + k // n,
+
+def fresh_rows(prompts, indices, first_group: int, n: int, version: int, seeds) -> list[Row]:
+    """``n`` empty rows per prompt (all samples of a prompt together); ``seeds``: one per
+    row, the seed of its first segment."""
+    return [Row(Trajectory(prompt=list(prompts[k // n]), seed=int(seed)),
+                prompt_index=int(indices[k // n]), group_id=first_group + k // n,
                 sample_idx=k % n, weight_version=version)
-            for k, t in enumerate(trajectories)]
+            for k, seed in enumerate(seeds)]
 
 
-def rows_of(batch) -> list[Row]:
-    """The rows of a dock batch read with :func:`row_columns` (carried rows)."""
+def rows_of(batch, tags: dict[str, np.ndarray] | None = None) -> list[Row]:
+    """The rows of a dock batch read with :func:`row_columns` (carried rows); ``tags``:
+    their replicated tags, which restore the tool counters the columns do not hold."""
     rows = []
     for i in range(len(batch)):
         tokens = batch["response_ids"][i].tolist()
@@ -71,6 +78,9 @@ def rows_of(batch) -> list[Row]:
                        else 0, done=finish != PARTIAL,
                        routing=batch[ROUTED][i] if ROUTED in batch.columns
                        and len(batch[ROUTED][i]) else None)
+        if tags is not None:  # counters of earlier passes (-1: a row put without them)
+            t.tool_errors = max(int(tags[TOOL_ERRORS][i]), 0)
+            t.tool_timeouts = max(int(tags[TOOL_TIMEOUTS][i]), 0)
         if finish == PARTIAL and mask and mask[-1] == 1:  # cut inside a model turn
             t.open_turn = len(mask) - _trailing_ones(mask)
         rows.append(Row(t, prompt_index=int(batch["prompt_index"][i]),
@@ -83,16 +93,17 @@ def rows_of(batch) -> list[Row]:
     return rows
 
 
-def row_columns(*, partial: bool, multi_turn: bool, routing: bool = False) -> tuple[str, ...]:
-    """The columns a row is written as (and a carried row read back from); ``routing``:
-    the engine's routed experts (router_replay R3)."""
+def row_columns(features) -> tuple[str, ...]:
+    """The columns a row is written as (and a carried row read back from), by the run's
+    features: the loss mask and tool calls with tool turns, the token versions, birth and
+    segments when rows are carried, the engine's routes under router_replay R3."""
     names = ["prompt_ids", "response_ids", "logprobs_rollout", "prompt_index",
              "finish_reason", "weight_version", "group_id", "sample_idx"]
-    if multi_turn:
+    if features.multi_turn:
         names += ["response_mask", "tool_calls"]
-    if partial:
+    if features.partial_rollout:
         names += ["token_versions", "birth_iteration", "num_segments"]
-    if routing:
+    if features.replays_rollout_routing:
         names.append(ROUTED)
     return tuple(names)
 
@@ -122,9 +133,20 @@ def columns_of(rows: list[Row], names: tuple[str, ...]) -> dict[str, list[torch.
     return {name: every[name]() for name in names}
 
 
+def tags_of(rows: list[Row]) -> dict[str, list[int]]:
+    """The rows' replicated tags: what the pool of carried rows is read from (finished,
+    birth, group, length) and what the rollout's metrics are computed from."""
+    t = [r.t for r in rows]
+    return {FINISHED: [int(r.finished) for r in rows], BIRTH: [r.birth_iteration for r in rows],
+            GROUP: [r.group_id for r in rows], LENGTH: [len(x.tokens) for x in t],
+            PROMPT_LENGTH: [len(x.prompt) for x in t], MODEL_TOKENS: [x.model_tokens for x in t],
+            TURNS: [x.turns for x in t], TOOL_CALLS: [x.tool_calls for x in t],
+            TOOL_ERRORS: [x.tool_errors for x in t], TOOL_TIMEOUTS: [x.tool_timeouts for x in t]}
+
+
 def _routing_of(row: Row) -> torch.Tensor:
-    """The row's routes; ``[0, 0, 0]`` for a row no engine pass has fed yet (partial
-    rollout's unstarted rows)."""
+    """The row's routes; ``[0, 0, 0]`` for a row no engine pass has fed yet (a carried row
+    not started)."""
     if row.t.routing is None:
         if row.t.tokens:
             raise RuntimeError(f"router_replay R3: row of group {row.group_id} has tokens but "
@@ -144,47 +166,3 @@ def _trailing_ones(mask: list[int]) -> int:
     while k and mask[k - 1] == 1:
         k -= 1
     return len(mask) - k
-
-
-class SingleTurn:
-    """One model turn per row: ``n`` samples of each fresh prompt in one engine call, or a
-    carried row continued for at most its pass budget."""
-
-    def __init__(self, engine, sampling, *, show_progress: bool) -> None:
-        self.engine, self.sampling, self.show_progress = engine, sampling, show_progress
-
-    def fresh(self, rows: list[Row], n: int, seeds) -> None:
-        """Sample the fresh rows (``n`` per prompt, one seed per prompt)."""
-        prompts = [r.t.prompt for r in rows[::n]]
-        result = self.engine.generate(prompts, n, self.sampling, seeds=seeds,
-                                      use_tqdm=self.show_progress)
-        completions = [c for group in result.completions for c in group]
-        for r, c in zip(rows, completions):
-            r.t.add_model_turn(c.token_ids, c.logprobs, c.routed_experts)
-            r.finish = FINISH_REASONS.index(c.finish_reason or "stop")
-
-    def resume(self, rows: list[Row], budgets: list[int], least: list[int], seeds: list[int],
-               *, stop=None) -> None:
-        """Continue each row (prompt + its tokens so far) for at most its budget (at least
-        ``least``). ``stop``: the step-wise engine (``async_engine``) generates until
-        ``stop(finished per row)`` says enough, agreed on by every rank."""
-        prompts = [r.t.prompt + r.t.tokens for r in rows]
-        if stop is not None:
-            result = self.engine.generate_stepwise(prompts, self.sampling, stop=stop,
-                                                   seeds=seeds, max_tokens=budgets,
-                                                   min_tokens=least)
-        else:
-            result = self.engine.generate(prompts, 1, self.sampling, seeds=seeds,
-                                          max_tokens=budgets, min_tokens=least,
-                                          use_tqdm=self.show_progress)
-        for r, group in zip(rows, result.completions):
-            c = group[0]
-            r.t.add_model_turn(c.token_ids, c.logprobs, c.routed_experts)
-            r.finish = _finish(c.finish_reason, len(r.t.tokens), self.sampling.max_tokens)
-
-
-def _finish(reason: str | None, length: int, max_tokens: int) -> int:
-    """A segment that ended at its budget is partial unless the response is at max_tokens."""
-    if reason in ("length", "abort") and length < max_tokens:
-        return PARTIAL
-    return FINISH_REASONS.index(reason or "stop")

@@ -27,7 +27,7 @@ skipped for megatron's attention (``L^2`` memory). The last stdout line is one J
 ``micro_batch`` (``--micro-batch-length``, 0 to skip): one packed row of that many tokens
 through a tiny random qwen2 (hidden 256, 4 layers, 8 query / 4 KV heads, vocabulary 384;
 fp32), forward + backward of the sum of its log-probs and entropies with the engine's
-context-parallel path (`mindspeed_rl.engine.context_parallel`), on 1 rank (CP 1) and on 2
+context-parallel path (`mindspeed_rl.engine.cp_micro_batch`), on 1 rank (CP 1) and on 2
 gloo ranks (CP 2, ring and Ulysses): each rank's ``VmHWM`` rise (the largest rank is
 reported) and the seconds.
 """
@@ -112,7 +112,7 @@ def measure_micro_batch(hf_dir: str, length: int, algo: str) -> dict:
     from megatron.core import parallel_state as ps
 
     from mindspeed_rl.engine.actor import response_entropy, response_logprobs
-    from mindspeed_rl.engine.context_parallel import ContextParallelOutputs, local_inputs
+    from mindspeed_rl.engine.cp_micro_batch import ContextParallelOutputs, local_inputs
     from mindspeed_rl.engine.micro_batches import RowBatch, make_micro_batches
     from mindspeed_rl.config.plan import MicroBatching
     from mindspeed_rl.engine.packing import packed_inputs

@@ -157,7 +157,7 @@ def bench_phase(responses: int, tokens: int, verifiers: list[str], seed: int,
     texts, answers = [p[0] for p in pairs], [p[1] for p in pairs]
     pool, started = None, time.perf_counter()
     if workers != 0:
-        from mindspeed_rl.rewards.pool import RewardLimits, RewardPool, default_workers
+        from mindspeed_rl.rewards.verifier_pool import RewardLimits, RewardPool, default_workers
 
         workers = workers or default_workers()
         pool = RewardPool(workers, RewardLimits(), verifiers)

@@ -13,13 +13,13 @@ from mindspeed_rl.trainer.columns import (COLUMNS, Column, ContractError, active
                                           check_contract)
 from mindspeed_rl.trainer.recipes import PHASES, recipes
 
-ALGORITHMS = recipes()  # every (family, estimator) pair's phases
-GRPO, PPO = ALGORITHMS["grpo/group_norm"], ALGORITHMS["ppo/gae"]
+RECIPES = recipes()  # every (family, estimator) pair's phases
+GRPO, PPO = RECIPES["grpo/group_norm"], RECIPES["ppo/gae"]
 
 
 def test_the_contract_holds_for_every_algorithm():
-    check_contract(ALGORITHMS)
-    assert set(p for phases in ALGORITHMS.values() for p in phases) == set(PHASES)
+    check_contract(RECIPES)
+    assert set(p for phases in RECIPES.values() for p in phases) == set(PHASES)
     for col in COLUMNS.values():  # every column is read by someone in some algorithm
         assert col.consumers and col.producers, col.name
 
@@ -27,20 +27,20 @@ def test_the_contract_holds_for_every_algorithm():
 def test_a_column_nobody_reads_is_refused():
     orphan = Column("scratch", torch.float32, "[R]", ("values",), (), "written, never read")
     with pytest.raises(ContractError, match="'scratch' has no consumer"):
-        check_contract(ALGORITHMS, [*COLUMNS.values(), orphan])
+        check_contract(RECIPES, [*COLUMNS.values(), orphan])
 
 
 def test_a_column_read_before_it_is_written_is_refused():
     late = dataclasses.replace(COLUMNS["rewards"], consumers=("rollout",))
     with pytest.raises(ContractError, match="'rollout' reads column 'rewards' before"):
-        check_contract(ALGORITHMS, [c if c.name != "rewards" else late
+        check_contract(RECIPES, [c if c.name != "rewards" else late
                                     for c in COLUMNS.values()])
 
 
 def test_unknown_phases_are_refused():
     ghost = dataclasses.replace(COLUMNS["values"], producers=("oracle",))
     with pytest.raises(ContractError, match="'oracle'"):
-        check_contract(ALGORITHMS, [ghost])
+        check_contract(RECIPES, [ghost])
 
 
 def test_each_algorithm_stores_only_what_it_reads():
@@ -48,7 +48,7 @@ def test_each_algorithm_stores_only_what_it_reads():
     assert {"values", "returns"} <= ppo and not {"values", "returns"} & grpo
     assert {"group_id", "sample_idx"} <= grpo and not {"group_id", "sample_idx"} & ppo
     for name in grpo | ppo:  # what is stored has a producer and a consumer in the algorithm
-        algos = [phases for phases in ALGORITHMS.values() if name in active_columns(phases)]
+        algos = [phases for phases in RECIPES.values() if name in active_columns(phases)]
         assert all(set(COLUMNS[name].consumers) & set(phases) for phases in algos)
 
 

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
+from mindspeed_rl.parallel.context_parallel import RING, ULYSSES
 from mindspeed_rl.testing.multiprocess import run_on_ranks
 
 pytestmark = pytest.mark.slow
 
 WORLD, ROWS, MAX_RESPONSE = 4, 16, 12
 TOL = 1e-5
-RING, ULYSSES = "megatron_cp_algo", "ulysses_cp_algo"
 # (TP, PP, sequence parallel) -> the CP layouts compared with CP 1 at that TP/PP/SP
 LAYOUTS = {(1, 1, False): [(2, RING), (2, ULYSSES), (4, RING), (4, ULYSSES)],
            (2, 1, False): [(2, RING), (2, ULYSSES)],

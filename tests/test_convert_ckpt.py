@@ -211,7 +211,7 @@ def _legacy_at_pp2_body(hf_dir, load):
     """Load a legacy checkpoint saved at TP=2 into a PP=2 model; max |logits - HF logits|."""
     from mindspeed_rl.checkpoint.legacy_megatron import load_legacy_megatron_checkpoint
     from mindspeed_rl.models.builder import build_model_from_hf_dir
-    from mindspeed_rl.models.parity import (max_abs_diff_global, megatron_logits, random_tokens,
+    from mindspeed_rl.models.logit_parity import (max_abs_diff_global, megatron_logits, random_tokens,
                                             transformers_logits)
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout

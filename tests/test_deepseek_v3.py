@@ -56,8 +56,9 @@ def _write_mtp_layer(hf_dir: Path, config) -> None:
 # ---- workers (module level: they run in spawned ranks) -------------------------------------
 
 def _parity_worker(hf_dir, mg_dir, mindspeed_llm_dir):
-    from mindspeed_rl.checkpoint.parity import load_megatron_model
-    from mindspeed_rl.models.parity import max_abs_diff_global, megatron_logits, random_tokens, transformers_logits
+    from mindspeed_rl.checkpoint.checkpoint_parity import load_megatron_model
+    from mindspeed_rl.models.logit_parity import (max_abs_diff_global, megatron_logits,
+                                                  random_tokens, transformers_logits)
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
 
@@ -130,7 +131,7 @@ def _reloaded_diff(model, torch_dist_dir, tokens, reference, arch) -> float:
     """The logits' largest difference from ``reference`` after ``model``'s weights were
     zeroed and loaded from the torch_dist checkpoint ``torch_dist_dir``."""
     from mindspeed_rl.checkpoint.megatron_dir import load_megatron_checkpoint
-    from mindspeed_rl.models.parity import max_abs_diff_global, megatron_logits
+    from mindspeed_rl.models.logit_parity import max_abs_diff_global, megatron_logits
 
     with torch.no_grad():
         for t in model.parameters():

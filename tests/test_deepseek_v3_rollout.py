@@ -54,7 +54,7 @@ def _rollout_body(hf_dir, layout_kwargs, infer_tp):
     import test_resharding
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 
-    from mindspeed_rl.resharding.parity import rollout_parity
+    from mindspeed_rl.resharding.rollout_parity import rollout_parity
 
     platform, model, arch, chunks, optimizer = test_resharding._actor(hf_dir, layout_kwargs, with_optimizer=True)
     engine, resharder = test_resharding._engine_and_resharder(

@@ -90,7 +90,7 @@ def _layout_worker(hf_dir, tp, pp, sp, distopt):
     from mindspeed_rl.models.builder import describe_hf_dir, global_parameter_names, load_hf_weights
     from mindspeed_rl.models.hf_io import HFCheckpointReader
     from mindspeed_rl.models.lora import add_lora_adapters
-    from mindspeed_rl.models.parity import megatron_logits, random_tokens
+    from mindspeed_rl.models.logit_parity import megatron_logits, random_tokens
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform

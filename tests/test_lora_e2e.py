@@ -70,7 +70,7 @@ def _lora_model(base_hf, lora):
 
 
 def _logits(model, arch, tokens):
-    from mindspeed_rl.models.parity import megatron_logits
+    from mindspeed_rl.models.logit_parity import megatron_logits
 
     logits = megatron_logits(model, tokens)   # None on the stages without the output layer
     return None if logits is None else logits[..., :arch.vocab_size]

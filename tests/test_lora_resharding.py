@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def lora_parity_body(hf_dir, layout_kwargs, infer_tp):
     from mindspeed_rl.models.lora import adapters_disabled, add_lora_adapters
-    from mindspeed_rl.resharding.parity import rollout_parity
+    from mindspeed_rl.resharding.rollout_parity import rollout_parity
 
     platform, model, arch, chunks, optimizer = _actor(hf_dir, layout_kwargs)
     add_lora_adapters(model, ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"), 4, 8.0,

@@ -81,10 +81,10 @@ def _parity_worker(cases, resave_root):
     import torch.distributed as dist
 
     from mindspeed_rl.checkpoint.megatron_dir import save_megatron_checkpoint, write_meta
-    from mindspeed_rl.checkpoint.parity import load_megatron_model
+    from mindspeed_rl.checkpoint.checkpoint_parity import load_megatron_model
     from mindspeed_rl.models.builder import describe_hf_dir
     from mindspeed_rl.models.hf_io import copy_metadata_files
-    from mindspeed_rl.models.parity import (
+    from mindspeed_rl.models.logit_parity import (
         max_abs_diff_global, megatron_logits, random_tokens, transformers_logits,
     )
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel

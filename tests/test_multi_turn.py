@@ -446,7 +446,7 @@ def _stepwise_body(hf_dir: str, tools_yaml: str) -> dict:
     from mindspeed_rl.rollout import RolloutEngine
     from mindspeed_rl.rollout.agent_loop import (run_agent_loop_stepwise, trajectories_for)
     from mindspeed_rl.agent_tools.config import load_tool_config
-    from mindspeed_rl.agent_tools.pool import ToolPool
+    from mindspeed_rl.agent_tools.tool_pool import ToolPool
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     engine = RolloutEngine(hf_dir, max_model_len=256, max_num_seqs=16,

@@ -80,7 +80,7 @@ def _engine_and_resharder(hf_dir, platform, model, arch, chunks, optimizer, infe
 
 
 def parity_body(hf_dir, layout_kwargs, infer_tp):
-    from mindspeed_rl.resharding.parity import rollout_parity, same_on_all_ranks
+    from mindspeed_rl.resharding.rollout_parity import rollout_parity, same_on_all_ranks
 
     platform, model, arch, chunks, optimizer = _actor(hf_dir, layout_kwargs)
     engine, resharder = _engine_and_resharder(hf_dir, platform, model, arch, chunks, optimizer, infer_tp)

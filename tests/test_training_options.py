@@ -29,7 +29,7 @@ def _loss_and_grads(hf_dir, pp, options):
     from mindspeed_rl.models.builder import (build_model_from_hf_dir, global_parameter_names,
                                              load_hf_weights)
     from mindspeed_rl.models.hf_io import HFCheckpointReader
-    from mindspeed_rl.models.parity import random_tokens
+    from mindspeed_rl.models.logit_parity import random_tokens
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel, initialize_megatron_parallel
     from mindspeed_rl.parallel.layout import ParallelLayout
     from mindspeed_rl.platform import setup_platform

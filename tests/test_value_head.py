@@ -80,7 +80,8 @@ def _reward_worker(cases):
     """Megatron reward scores vs transformers' AutoModelForSequenceClassification."""
     from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
-    from mindspeed_rl.models.parity import max_abs_diff_global, megatron_forward, transformers_scores
+    from mindspeed_rl.models.logit_parity import (max_abs_diff_global, megatron_forward,
+                                                  transformers_scores)
     from mindspeed_rl.models.value_head import build_value_model, last_token_values
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
@@ -116,7 +117,7 @@ def _critic_worker(cases):
 
     from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
-    from mindspeed_rl.models.parity import max_abs_diff_global, megatron_forward
+    from mindspeed_rl.models.logit_parity import max_abs_diff_global, megatron_forward
     from mindspeed_rl.models.value_head import build_value_model, head_init_std, initial_head_weight
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
@@ -216,7 +217,7 @@ def _train_worker(causal_dir, ckpt_dir, cases):
     from mindspeed_rl.checkpoint.trainer_state import load_trainer_checkpoint, save_trainer_checkpoint
     from mindspeed_rl.checkpoint.weight_source import load_value_weights
     from mindspeed_rl.models.builder import build_transformer_config, describe_hf_dir
-    from mindspeed_rl.models.parity import megatron_forward
+    from mindspeed_rl.models.logit_parity import megatron_forward
     from mindspeed_rl.models.value_head import build_value_model
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
 
@@ -467,7 +468,7 @@ def test_lm_conversion_meta_has_no_head(dirs):
 
 
 def test_round_trip_dir_scores_equal_original(dirs):
-    from mindspeed_rl.models.parity import transformers_scores
+    from mindspeed_rl.models.logit_parity import transformers_scores
 
     hf, _, rt = dirs["qwen2"]
     tokens = padded_tokens(300, 0)

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch.distributed as dist
 
-    from mindspeed_rl.checkpoint.parity import check_parity
+    from mindspeed_rl.checkpoint.checkpoint_parity import check_parity
     from mindspeed_rl.errors import CheckpointError
     from mindspeed_rl.parallel.groups import init_distributed
     from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             train_diff = check_logprob_parity(args.hf_dir, args.mg_dir, layout,
                                               temperature=args.temperature, seed=args.seed)
         if args.rollout:
-            from mindspeed_rl.resharding.parity import check_rollout_parity
+            from mindspeed_rl.resharding.rollout_parity import check_rollout_parity
 
             logprob_diff = check_rollout_parity(args.hf_dir, args.mg_dir, layout,
                                                 max_tokens=args.max_new_tokens, seed=args.seed,

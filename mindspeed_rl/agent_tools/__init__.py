@@ -7,7 +7,8 @@
 - :mod:`~mindspeed_rl.agent_tools.code_interpreter`: Python in a sandboxed, limited child process;
 - :mod:`~mindspeed_rl.agent_tools.sandbox`: the bubblewrap + seccomp sandbox it runs in;
 - :mod:`~mindspeed_rl.agent_tools.sandbox_fusion`: a client of a SandboxFusion service;
-- :mod:`~mindspeed_rl.agent_tools.pool`: a batch of calls run concurrently, each bounded in time.
+- :mod:`~mindspeed_rl.agent_tools.tool_pool`: a batch of calls run concurrently, each bounded
+  in time.
 
 Nothing here imports torch or vLLM.
 """
@@ -16,7 +17,7 @@ from mindspeed_rl.agent_tools.code_interpreter import CodeInterpreter
 from mindspeed_rl.agent_tools.config import (ToolConfigError, ToolSpec, load_tool_config,
                                        tool_system_prompt)
 from mindspeed_rl.agent_tools.parser import ParseResult, ToolCall, parse_hermes, truncate
-from mindspeed_rl.agent_tools.pool import ToolPool
+from mindspeed_rl.agent_tools.tool_pool import ToolPool
 from mindspeed_rl.agent_tools.result import ToolResult
 from mindspeed_rl.agent_tools.sandbox_fusion import SandboxFusionClient
 

@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 
 from mindspeed_rl.checkpoint.gguf import find_gguf_file, gguf_to_hf_dir
-from mindspeed_rl.checkpoint.lora_export import has_adapters
+from mindspeed_rl.checkpoint.lora_export import keys_have_adapters
 from mindspeed_rl.checkpoint.megatron_dir import (
     checkpoint_tensor_keys, load_megatron_checkpoint, read_meta, save_megatron_checkpoint, write_meta,
 )
@@ -143,7 +143,7 @@ def convert_mg_to_hf(mg_dir, save_dir, *, overwrite: bool = False, dtype: str = 
     keys = (checkpoint_tensor_keys(mg_dir, source.iteration)
             if source.kind == "megatron_dist" else set())
     scalar_head = VALUE_HEAD in keys
-    lora = has_adapters(keys)
+    lora = keys_have_adapters(keys)
     if lora_adapter_dir is not None:
         if not lora:
             raise CheckpointError(f"--lora-adapter-dir: {mg_dir} holds no LoRA adapters")

@@ -248,7 +248,7 @@ def load_legacy_megatron_checkpoint(model, arch, load: str | Path,
                                     iteration: int | None | str = "latest") -> Path:
     """Fill this rank's shard of ``model`` from a legacy checkpoint saved at any TP/PP/EP."""
     from mindspeed_rl.checkpoint import mindspeed_llm_mla
-    from mindspeed_rl.models.builder import _tp_rank_and_size, global_weight_names, weight_of
+    from mindspeed_rl.models.builder import tp_rank_and_size, global_weight_names, weight_of
 
     path = legacy_iteration_dir(load, iteration)
     wm = arch.weight_map
@@ -267,7 +267,7 @@ def load_legacy_megatron_checkpoint(model, arch, load: str | Path,
                               f"model with this config ({len(unexpected)} unexpected)")
     for local, global_name in names.items():
         param = weight_of(model, local)
-        rank, size = _tp_rank_and_size(wm.is_expert(global_name))
+        rank, size = tp_rank_and_size(wm.is_expert(global_name))
         shard = wm.split_tp(global_name, full[global_name], size)[rank] if wm.tp_dim(
             global_name) is not None else full[global_name]
         if shard.shape != param.shape:

@@ -28,7 +28,7 @@ from mindspeed_rl.models.lora import (ADAPTER_MARKERS, FC1_B_LAYOUT_KEY, add_lor
                                       is_adapter_name, regroup_gate_up_rows)
 
 
-def has_adapters(keys) -> bool:
+def keys_have_adapters(keys) -> bool:
     """Whether checkpoint tensor keys hold LoRA adapters."""
     return any(is_adapter_name(k) for k in keys)
 
@@ -128,5 +128,5 @@ def write_peft_adapter(model, arch, out_dir, lora: dict, base_model: str | None)
     return out_dir
 
 
-__all__ = ["ADAPTER_MARKERS", "has_adapters", "load_lora_model", "peft_adapter_tensors",
+__all__ = ["ADAPTER_MARKERS", "keys_have_adapters", "load_lora_model", "peft_adapter_tensors",
            "write_peft_adapter"]

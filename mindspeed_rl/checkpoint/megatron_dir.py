@@ -148,7 +148,7 @@ def checkpoint_tensor_keys(mg_dir: str | os.PathLike, iteration: int | None | st
         with restricted_unpickling(path):
             return set(dist_checkpointing.load_tensors_metadata(str(path)))
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
-        _reraise_untrusted(exc)  # noqa: BLE001 - name the folder
+        reraise_untrusted(exc)  # noqa: BLE001 - name the folder
         raise CheckpointError(f"{path}: cannot read the checkpoint's tensor metadata: {exc}") from exc
 
 
@@ -191,10 +191,10 @@ def load_megatron_checkpoint(model, mg_dir: str | os.PathLike, iteration: int | 
         raise
     # torch's CheckpointException derives from BaseException and wraps each rank's error.
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
-        _reraise_untrusted(exc)
+        reraise_untrusted(exc)
         raise CheckpointError(
             f"{path}: cannot load into the model built from {Path(mg_dir) / 'config.json'}: "
-            f"{_root_cause(exc)}") from exc
+            f"{root_cause(exc)}") from exc
     return path
 
 
@@ -214,7 +214,7 @@ def _mindspeed_llm_mla_request(model, request: dict, path: Path):
     return mindspeed_llm_mla.torch_dist_request(request, stored, dims)
 
 
-def _reraise_untrusted(exc: BaseException) -> None:
+def reraise_untrusted(exc: BaseException) -> None:
     """A refused pickle is reported as itself (it names the file), not as a load failure."""
     failures = getattr(exc, "failures", None)
     cause = next(iter(failures.values()))[0] if failures else exc
@@ -222,7 +222,7 @@ def _reraise_untrusted(exc: BaseException) -> None:
         raise UntrustedPickleError(str(cause)) from None
 
 
-def _root_cause(exc: BaseException) -> str:
+def root_cause(exc: BaseException) -> str:
     """The first rank's own error message, without torch's per-rank traceback text."""
     failures = getattr(exc, "failures", None)
     if failures:

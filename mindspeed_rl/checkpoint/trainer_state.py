@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from mindspeed_rl.checkpoint.manifest import describe_files, verify_checkpoint, write_manifest
-from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, _reraise_untrusted,
-                                                  _root_cause, check_checkpoint_fits,
+from mindspeed_rl.checkpoint.megatron_dir import (META_FILE, TRACKER_FILE, reraise_untrusted,
+                                                  root_cause, check_checkpoint_fits,
                                                   iteration_dir_name, write_meta)
 from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
 from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
@@ -178,7 +178,7 @@ def save_trainer_checkpoint(save_dir: str | os.PathLike, iteration: int, trainab
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported everywhere
                 if collective_failure_kind(exc):  # a lost rank: no agreement can happen
                     raise
-                error = f"rank {_rank()}: {_root_cause(exc)}"
+                error = f"rank {_rank()}: {root_cause(exc)}"
             # Every rank learns whether every rank wrote its shards before anything is renamed.
             errors = [e for e in _gather(error) if e]
         files = describe_files(tmp) if not errors else {}
@@ -314,7 +314,7 @@ def unwritable(state: object) -> str | None:
     try:
         torch.save(state, io.BytesIO())
     except Exception as exc:  # noqa: BLE001 - reported on every rank by the caller
-        return f"rank {_rank()}: its own state cannot be serialized: {_root_cause(exc)}"
+        return f"rank {_rank()}: its own state cannot be serialized: {root_cause(exc)}"
     return None
 
 
@@ -464,9 +464,9 @@ def load_trainer_checkpoint(load_dir: str | os.PathLike, trainables: dict, *,
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - name the folder
         if collective_failure_kind(exc):
             raise
-        _reraise_untrusted(exc)
+        reraise_untrusted(exc)
         raise CheckpointError(f"{path}: cannot be loaded into this run's models and optimizers: "
-                              f"{_root_cause(exc)}") from exc
+                              f"{root_cause(exc)}") from exc
     if load_rng:
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 

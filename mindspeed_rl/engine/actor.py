@@ -16,7 +16,7 @@ from mindspeed_rl.algorithms import (OFF_POLICY_IS_THRESHOLD, agg_loss,
                                      entropy_from_vocab_parallel_logits, kl_penalty,
                                      default_loss_agg_mode, logprobs_from_vocab_parallel_logits,
                                      off_policy_is_weights, policy_loss, truncated_is_weights)
-from mindspeed_rl.engine.context_parallel import ContextParallelOutputs
+from mindspeed_rl.engine.cp_micro_batch import ContextParallelOutputs
 from mindspeed_rl.engine.micro_batches import ROUTING, MicroBatch, MicroBatching, RowBatch
 from mindspeed_rl.engine.optim import TrainableModel
 from mindspeed_rl.engine.router_replay import REPLAY, replaying, routing_metrics

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from mindspeed_rl.algorithms.routing import distinct_experts, routing_dtype
-from mindspeed_rl.engine.context_parallel import context_parallel_size
+from mindspeed_rl.engine.cp_micro_batch import context_parallel_size
 from mindspeed_rl.engine.micro_batches import MicroBatch
 
 RECORD, REPLAY = "record", "replay"

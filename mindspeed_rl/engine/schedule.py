@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.engine.context_parallel import (ContextParallelOutputs, context_parallel_size,
+from mindspeed_rl.engine.cp_micro_batch import (ContextParallelOutputs, context_parallel_size,
                                                    local_inputs)
 from mindspeed_rl.engine.efficiency import count_tokens
 from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
@@ -75,7 +75,7 @@ def micro_batches_for(model, batch: RowBatch,
 
     spec = MicroBatching.of(micro_batching)
     cp = context_parallel_size()
-    if cp > 1:  # CP splits packed rows (engine/context_parallel.py): same numbers as padded
+    if cp > 1:  # CP splits packed rows (engine/cp_micro_batch.py): same numbers as padded
         spec = replace(spec, packed=True)
     if spec.packed and spec.dynamic and packed_inputs(model).backend == ROWS:
         spec = replace(spec, similar_lengths=True)  # rows side by side in attention

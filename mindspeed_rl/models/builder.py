@@ -201,7 +201,9 @@ def weight_of(model, local: str) -> torch.Tensor:
         return model.get_buffer(local)
 
 
-def _tp_rank_and_size(is_expert: bool) -> tuple[int, int]:
+def tp_rank_and_size(is_expert: bool) -> tuple[int, int]:
+    """(this rank's TP rank, the TP size) of a weight: the expert TP group's for an expert's
+    weights, else the tensor-parallel group's."""
     from megatron.core import parallel_state as ps
 
     if is_expert:
@@ -244,7 +246,7 @@ def check_hf_checkpoint(model, arch: ModelArchitecture, reader: HFCheckpointRead
             continue
         param = weight_of(model, local)
         is_expert = wm.is_expert(global_name)
-        full = _full_shape(param, wm.tp_dim(global_name), _tp_rank_and_size(is_expert)[1])
+        full = _full_shape(param, wm.tp_dim(global_name), tp_rank_and_size(is_expert)[1])
         for hf_name, shape in wm.expected_hf_shapes(global_name, full).items():
             if reader.shape(hf_name) != shape:
                 raise CheckpointError(
@@ -280,7 +282,7 @@ def load_hf_weights(model, arch: ModelArchitecture, reader: HFCheckpointReader,
     for local, global_name in (progress(items) if progress else items):
         param = weight_of(model, local)
         full = wm.to_megatron(global_name, {h: reader.get(h) for h in wm.hf_names(global_name)})
-        rank, size = _tp_rank_and_size(wm.is_expert(global_name))
+        rank, size = tp_rank_and_size(wm.is_expert(global_name))
         shard = wm.split_tp(global_name, full, size)[rank]
         param.copy_(shard.to(param.dtype))
 

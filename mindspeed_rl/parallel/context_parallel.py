@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-RING, ULYSSES = "megatron_cp_algo", "ulysses_cp_algo"
-ALGORITHMS = (RING, ULYSSES)
+RING, ULYSSES = "megatron_cp_algo", "ulysses_cp_algo"  # context_parallel_algo values
 
 
 def row_multiple(cp_size: int, sequence_parallel_tp: int = 1) -> int:

@@ -10,7 +10,7 @@ Registered verifiers:
   (`mindspeed_rl.rewards.mindspeed_rl_verifiers`).
 
 In a job every call runs in a worker process with a time limit
-(`mindspeed_rl.rewards.pool`, ``rl_config.reward_workers``).
+(`mindspeed_rl.rewards.verifier_pool`, ``rl_config.reward_workers``).
 """
 
 # Importing the modules registers their verifiers.
@@ -18,7 +18,8 @@ from mindspeed_rl.rewards import final_answer, math_verify_reward, mindspeed_rl_
 from mindspeed_rl.rewards.final_answer import (extract_final_integer, extract_final_number,
                                                has_final_answer_format)
 from mindspeed_rl.rewards.mindspeed_rl_verifiers import retool_call_bonus
-from mindspeed_rl.rewards.pool import RewardLimits, RewardPool, RewardPoolError, reward_pool_for
+from mindspeed_rl.rewards.verifier_pool import (RewardLimits, RewardPool, RewardPoolError,
+                                                reward_pool_for)
 from mindspeed_rl.rewards.registry import get_verifier, register_verifier, registered_verifiers
 from mindspeed_rl.rewards.scoring import (NonFiniteRewardError, check_finite_scores,
                                           compute_rewards)

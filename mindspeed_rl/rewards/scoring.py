@@ -11,7 +11,7 @@ from mindspeed_rl.rewards.registry import get_verifier
 if TYPE_CHECKING:
     import torch
 
-    from mindspeed_rl.rewards.pool import RewardPool
+    from mindspeed_rl.rewards.verifier_pool import RewardPool
 
 
 class NonFiniteRewardError(ValueError):
@@ -52,7 +52,7 @@ def compute_rewards(responses: Sequence[str], answers: Sequence[str | None],
     row_labels: where each response comes from (e.g. "train.jsonl row 7 sample 2"),
     named when a verifier returns NaN/inf (:class:`NonFiniteRewardError`): a bad
     number never reaches the advantages.
-    pool: the job's :class:`~mindspeed_rl.rewards.pool.RewardPool`; each call then runs in
+    pool: the job's :class:`~mindspeed_rl.rewards.verifier_pool.RewardPool`; each call then runs in
     a worker process within the pool's time limits (a call that times out or raises
     scores the verifier's failed score, see ``RewardPool.score``). None: in this process.
     returns: (total [N] float32, {verifier name: [N] float32 unweighted scores}).

@@ -1,5 +1,5 @@
 """A reward worker process: ``python -m mindspeed_rl.rewards.worker READ_FD WRITE_FD
-PARENT_PID [MODULE ...]``, started by :class:`mindspeed_rl.rewards.pool.RewardPool`.
+PARENT_PID [MODULE ...]``, started by :class:`mindspeed_rl.rewards.verifier_pool.RewardPool`.
 
 It imports the modules that register the job's verifiers, answers ``("ready", names)``,
 then for each ``(call, verifier, response, answer)`` replies ``(call, True, score)`` or

@@ -45,7 +45,7 @@ class RLTrainer(Stateful):
         # Verifier workers start first (they import while the models load); close() ends them.
         self.reward_pool = reward_pool_for(rl)
         self.model_dir, self.tokenizer, self.arch = _model(config)
-        self.train_data, self.test_data = _datasets(config, self.tokenizer)
+        self.train_data, self.test_data = prompt_datasets(config, self.tokenizer)
         start = self._build_roles()  # None: resume from actor_config.load
         self.phases = phases_of(config)
         self.round_phases, self.once_phases = split_rounds(self.phases)
@@ -308,7 +308,9 @@ def _model(config):
     return model_dir, tokenizer, describe_hf_dir(model_dir)
 
 
-def _datasets(config, tokenizer):
+def prompt_datasets(config, tokenizer):
+    """(the training prompts, the test prompts or None) as the job reads them: templated
+    (with the tools described for ``prompt_type: qwen_retool``), tokenized, length-filtered."""
     from mindspeed_rl.data import load_prompt_dataset
 
     mt, rl = config.megatron_training, config.rl_config

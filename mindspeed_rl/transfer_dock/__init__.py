@@ -18,7 +18,7 @@ from mindspeed_rl.transfer_dock.centralized import CentralizedTransferDock
 from mindspeed_rl.transfer_dock.controller import Controller
 from mindspeed_rl.transfer_dock.distributed import DistributedTransferDock
 from mindspeed_rl.transfer_dock.dock import TransferDock
-from mindspeed_rl.transfer_dock.layout import ConsumerLayout
+from mindspeed_rl.transfer_dock.consumer_layout import ConsumerLayout
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 
 TRANSFER_DOCK_MODES = {"distributed": DistributedTransferDock,

@@ -44,7 +44,7 @@ from mindspeed_rl.transfer_dock import control
 from mindspeed_rl.transfer_dock.batch import DockBatch, DockMetrics, in_row_order
 from mindspeed_rl.transfer_dock.controller import ColumnPlacement, Controller, PutRecord
 from mindspeed_rl.transfer_dock.exchange import ExchangeResult, exchange_blocks
-from mindspeed_rl.transfer_dock.layout import ConsumerLayout
+from mindspeed_rl.transfer_dock.consumer_layout import ConsumerLayout
 from mindspeed_rl.transfer_dock.moves import Moves, get_moves, put_moves
 from mindspeed_rl.transfer_dock.warehouse import Warehouse
 

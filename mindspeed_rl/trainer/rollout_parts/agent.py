@@ -33,7 +33,7 @@ def agent_of(roles, config, tokenizer, world: int) -> Agent:
 
 def _build_agent(config, tokenizer, world: int) -> Agent:
     from mindspeed_rl.agent_tools.config import load_tool_config
-    from mindspeed_rl.agent_tools.pool import ToolPool
+    from mindspeed_rl.agent_tools.tool_pool import ToolPool
 
     rl = config.rl_config
     pool = InstancePool(ToolPool(load_tool_config(rl.tool_config_path)),

@@ -3,15 +3,16 @@
 Used by tools/check_parity.py and the parity tests: `load_megatron_model` loads the
 checkpoint at a parallel layout, `check_parity` compares its logits (or, for a scalar-head
 checkpoint, its scores) with transformers' through the pieces of
-mindspeed_rl/models/parity.py.
+mindspeed_rl/models/logit_parity.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mindspeed_rl.models.parity import (max_abs_diff_global, megatron_forward, megatron_logits,
-                                        random_tokens, transformers_logits, transformers_scores)
+from mindspeed_rl.models.logit_parity import (max_abs_diff_global, megatron_forward,
+                                              megatron_logits, random_tokens, transformers_logits,
+                                              transformers_scores)
 
 
 def load_megatron_model(mg_dir, layout, *, seed: int = 1234, num_layer_list: str | None = None):

@@ -6,7 +6,7 @@ transformers' eager fp32 logits (`transformers_logits`) on the real vocabulary c
 For a scalar-head model (reward model) the scores are compared with
 ``AutoModelForSequenceClassification``'s (`transformers_scores`), per position and pooled.
 Loading a checkpoint and comparing it (tools/check_parity.py) is
-mindspeed_rl/checkpoint/parity.py.
+mindspeed_rl/checkpoint/checkpoint_parity.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.models.parity import max_abs_diff_global, megatron_logits
+from mindspeed_rl.models.logit_parity import max_abs_diff_global, megatron_logits
 from mindspeed_rl.config.schema import SamplingConfig
 from mindspeed_rl.rollout import RolloutEngine
 
@@ -68,8 +68,8 @@ def check_rollout_parity(hf_dir, mg_dir, layout, *, num_prompts: int = 4, prompt
     """Load ``mg_dir`` at ``layout``, reshard into a vLLM engine started from ``hf_dir``'s
     config with dummy weights, generate (greedy, or sampled at ``temperature``) and return
     max |logprob_vllm - logprob_megatron| for the policy at that temperature."""
-    from mindspeed_rl.checkpoint.parity import load_megatron_model
-    from mindspeed_rl.models.parity import random_tokens
+    from mindspeed_rl.checkpoint.checkpoint_parity import load_megatron_model
+    from mindspeed_rl.models.logit_parity import random_tokens
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
     from mindspeed_rl.platform import setup_platform
     from mindspeed_rl.resharding.resharder import Resharder

@@ -54,7 +54,7 @@ n_samples_per_prompt responses.
   4 L A S(S+1)/2 (computed with the mean lengths P and R);
 * LM head: 2 h V per position that is projected onto the vocabulary. Training
   and log-prob forwards project only the response positions (the trainer's
-  ``_ResponseLogitsOnly``), so R positions per row, never the prompt;
+  ``_ResponseOutputsOnly``), so R positions per row, never the prompt;
 * one training / log-prob forward of a row: 2 N (P+R) + 4 L A (P+R)(P+R+1)/2 +
   2 h V R;
 * ``tflops_train`` = epochs x rows x 3 x forward (backward = 2 x forward);

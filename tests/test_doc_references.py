@@ -175,6 +175,7 @@ EXTERNAL_NAMES: dict[str, str] = {
     "DeepseekV3TopkRouter": "transformers.models.deepseek_v3.modeling_deepseek_v3",
     "LlamaForSequenceClassification": "transformers.models.llama.modeling_llama",
     "Qwen3ForSequenceClassification": "transformers.models.qwen3.modeling_qwen3",
+    "MistralForCausalLM": "transformers.models.mistral.modeling_mistral",
     "LoraParallelLinear": "peft.tuners.lora.tp_layer",
     # torch
     "ChildFailedError": "torch.distributed.elastic.multiprocessing.errors",
@@ -193,6 +194,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/algorithms.md", "mindspeed_rl/algorithms/dr_grpo.py"):
         "the file the worked example asks the reader to create "
         "(tests/test_add_an_estimator.py builds it as a module)",
+    ("docs/algorithms.md", "from mindspeed_rl.algorithms import dr_grpo"):
+        "the worked example's import line, with the module the reader creates",
+    ("docs/architecture.md", "mindspeed_rl/models/mistral.py"):
+        "the model module the worked example asks the reader to create "
+        "(tests/test_architecture_examples.py runs it)",
     ("docs/tools.md", "configs/tools/x.yaml"):
         "a hypothetical bad tool YAML in an example error message",
     ("docs/testing.md", "coverage.py"): "the name of the coverage tool, not a file",

@@ -2,10 +2,12 @@
 {fresh prompts, carried rows} x {single turn, tool turns} x {one pass, step-wise} runs through
 the trainer's rollout phase on the real vLLM engine, a real TransferDock and (tool turns) the
 real code interpreter, and logs the same metric keys wherever they apply: the rows'
-lengths always, the tool statistics with tool turns, the pool's with carried rows.
+lengths always, the tool statistics with tool turns, the pool's with carried rows. Then
+docs/architecture.md's new rollout mode (a scheduler whose per-pass budget doubles) runs
+through the same loop.
 
-One rank and one engine for all eight; each composition gets its own dock and runs two
-iterations (the second continues the carried rows of the first).
+One rank and one engine for all; each composition gets its own dock; those with carried
+rows run two iterations (the second continues the carried rows of the first).
 """
 
 from __future__ import annotations
@@ -34,9 +36,23 @@ POOL = ["partial_rollout/passes", "partial_rollout/carried_rows",
 def _overrides(model: str, data: str, carried: bool, tools: bool, stepwise: bool) -> list[str]:
     out = [f"megatron_training.model={model}", f"megatron_training.data_path={data}",
            "actor_config.tensor_model_parallel_size=1", "generate_config.max_model_len=1120",
+           "megatron_training.global_batch_size=2",
            f"rl_config.partial_rollout_max_split={3 if carried else 1}",
            f"rl_config.async_engine={str(stepwise).lower()}"]
     return out + (MULTI_TURN if tools else [])
+
+
+def _doubling_budget():
+    """docs/architecture.md's example scheduler, defined where the page puts it."""
+    import re
+
+    from mindspeed_rl.trainer.rollout_parts import schedulers
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text[text.index("### A rollout mode"):], re.S)[0]
+    namespace = dict(vars(schedulers))
+    exec(code, namespace)  # noqa: S102 - the doc's own example
+    return namespace["DoublingBudget"]
 
 
 def _body(model: str, data: str) -> dict:
@@ -51,6 +67,7 @@ def _body(model: str, data: str) -> dict:
     from mindspeed_rl.trainer.flow import SampleFlow
     from mindspeed_rl.trainer.phases import rollout
     from mindspeed_rl.trainer.rollout_parts import compose
+    from mindspeed_rl.trainer.rollout_parts.composed import CONTINUATIONS, SCHEDULERS, SOURCES
     from mindspeed_rl.trainer.trainer import prompt_datasets
     from mindspeed_rl.transfer_dock import ConsumerLayout, build_transfer_dock
 
@@ -59,7 +76,8 @@ def _body(model: str, data: str) -> dict:
     engine = RolloutEngine(model, max_model_len=1120, max_num_seqs=16,
                            gpu_memory_utilization=0.02)
     out = {}
-    for combo, config in configs.items():
+    doubling = _doubling_budget()
+    for combo, config in [*configs.items(), ("doubling", configs[(True, False, False)])]:
         plan = make_plan(config, dist.get_world_size())
         one = ConsumerLayout(((0,),))
         flow = SampleFlow(build_transfer_dock("distributed", timeout_s=120),
@@ -70,17 +88,26 @@ def _body(model: str, data: str) -> dict:
         train, _ = prompt_datasets(config, tokenizer)
         state = TrainerState(kl_ctrl=KLController(0.0))
         runs = []
-        for iteration in (1, 2):
+        for iteration in (1, 2) if combo == "doubling" or combo[0] else (1,):
             ctx = PhaseContext(config=config, plan=plan, roles=roles, train_data=train,
                                tokenizer=tokenizer, vocab_size=len(tokenizer),
                                ranks=Ranks(0, 1, 0, True), flow=BoundFlow(flow, "rollout"),
                                state=state, it=IterationState(iteration))
-            parts = compose(ctx)
-            metrics = rollout(ctx)
+            chosen = config.features.rollout
+            if combo == "doubling":  # the new part in the shipped loop
+                parts = compose(ctx)
+                parts.scheduler = doubling.build(chosen)
+                budgets = [parts.scheduler.tokens]
+                metrics = parts.run()
+                budgets.append(parts.scheduler.tokens)
+            else:
+                metrics = rollout(ctx)
             released = flow.dock.rows(held=False).tolist()
             runs.append({"metrics": metrics, "released": len(released),
-                         "parts": [type(p).__name__ for p in (parts.source, parts.continuation,
-                                                              parts.scheduler)],
+                         "budgets": budgets if combo == "doubling" else None,
+                         "parts": [SOURCES[chosen.source].__name__,
+                                   CONTINUATIONS[chosen.continuation].__name__,
+                                   SCHEDULERS[chosen.scheduler].__name__],
                          "lengths": [int(x) for x in flow.dock.tags("length", released)]})
             roles.actor.weight_version += 1
             flow.retire_all()
@@ -100,14 +127,15 @@ def test_every_composition_logs_its_metric_keys(tmp_path):
     write_jsonl(train, tmp_path / "train.jsonl")
     model = make_tiny_hf_dir("qwen2", tmp_path / "qwen2", max_position_embeddings=2048)
     out = run_on_ranks(_body, 1, str(model), str(tmp_path / "train.jsonl"), timeout=900)[0]
+    doubling = out.pop("doubling")
     for (carried, tools, stepwise), got in out.items():
         name = f"carried={carried} tools={tools} stepwise={stepwise}"
         expected = set(ROWS) | (set(TOOLS) if tools else set()) | (set(POOL) if carried else set())
         for run in got["runs"]:
             m = run["metrics"]
             assert set(m) == expected, (name, sorted(set(m) ^ expected))
-            assert run["released"] == 16, name  # global_batch_size 4 x n 4 whole rows
-            assert m["response_length/mean"] == pytest.approx(sum(run["lengths"]) / 16)
+            assert run["released"] == 8, name  # global_batch_size 2 x n 4 whole rows
+            assert m["response_length/mean"] == pytest.approx(sum(run["lengths"]) / 8)
             assert m["response_length/max"] == max(run["lengths"]), name
             if tools:  # the scripted parser calls a tool in every turn
                 assert m["multi_turn/tool_calls"] > 0 and m["multi_turn/turns"] >= 1, name
@@ -124,3 +152,11 @@ def test_every_composition_logs_its_metric_keys(tmp_path):
     # carried rows: the second iteration trains rows carried from the first (age 1)
     assert any(run["metrics"]["partial_rollout/trained_age_max"] == 1
                for (carried, _, _), got in out.items() if carried for run in got["runs"])
+    # the doubling budget: each pass's budget twice the last, through the same source,
+    # continuation, loop and metrics
+    for run in doubling["runs"]:  # (the second iteration may train groups finished before)
+        first, last = run["budgets"]
+        passes = run["metrics"]["partial_rollout/passes"]
+        assert last == first * 2 ** passes, (run["budgets"], passes)
+        assert set(run["metrics"]) == set(ROWS) | set(POOL) and run["released"] == 8
+    assert doubling["runs"][0]["metrics"]["partial_rollout/passes"] >= 1

@@ -42,6 +42,7 @@ from mindspeed_rl.checkpoint.safe_load import restricted_unpickling
 from mindspeed_rl.checkpoint.staging import fsync_dir, fsync_file
 from mindspeed_rl.checkpoint.tracker import read_tracker
 from mindspeed_rl.errors import CheckpointError
+from mindspeed_rl.parallel.groups import context_parallel
 from mindspeed_rl.fault.collective import collective_failure_kind
 from mindspeed_rl.fault.phase_tracker import injection_point
 from mindspeed_rl.models.lora import is_adapter_name
@@ -66,9 +67,10 @@ def _rng_sharded_object(load: bool = False):
                                "tracker": get_cuda_rng_tracker().get_states()}
     shape = [ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()]
     offset = [ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()]
-    if ps.get_context_parallel_world_size() > 1:
-        shape.append(ps.get_context_parallel_world_size())
-        offset.append(ps.get_context_parallel_rank())
+    cp_rank, cp = context_parallel()
+    if cp > 1:
+        shape.append(cp)
+        offset.append(cp_rank)
     return ShardedObject("rng_state", state, tuple(shape), tuple(offset),
                          replica_id=ps.get_data_parallel_rank())
 
@@ -348,7 +350,7 @@ def _parallel_layout() -> dict:
     return {"actor_config.tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
             "actor_config.pipeline_model_parallel_size":
                 ps.get_pipeline_model_parallel_world_size(),
-            "actor_config.context_parallel_size": ps.get_context_parallel_world_size()}
+            "actor_config.context_parallel_size": context_parallel()[1]}
 
 
 def saved_parallel_layout(path: Path, common: dict) -> dict | None:

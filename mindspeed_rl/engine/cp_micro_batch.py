@@ -23,12 +23,7 @@ import torch
 
 from mindspeed_rl.engine.micro_batches import MicroBatch
 from mindspeed_rl.parallel.context_parallel import cp_token_index
-
-
-def context_parallel_size() -> int:
-    from megatron.core import parallel_state as ps
-
-    return ps.get_context_parallel_world_size()
+from mindspeed_rl.parallel.groups import context_parallel
 
 
 class ContextParallelOutputs:
@@ -64,10 +59,8 @@ class ContextParallelOutputs:
 
 def local_inputs(mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens [1, t], positions [1, t], index [t]) of this CP rank's zig-zag chunks."""
-    from megatron.core import parallel_state as ps
-
     if mb.segments is None:
         raise ValueError("context parallelism needs packed micro-batches")
-    index = cp_token_index(mb.segments, ps.get_context_parallel_world_size(),
-                           ps.get_context_parallel_rank())
+    rank, size = context_parallel()
+    index = cp_token_index(mb.segments, size, rank)
     return mb.tokens[:, index], mb.positions[:, index], index

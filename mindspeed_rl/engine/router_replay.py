@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from mindspeed_rl.algorithms.routing import distinct_experts, routing_dtype
-from mindspeed_rl.engine.cp_micro_batch import context_parallel_size
+from mindspeed_rl.parallel.groups import context_parallel
 from mindspeed_rl.engine.micro_batches import MicroBatch
 
 RECORD, REPLAY = "record", "replay"
@@ -68,7 +68,7 @@ class RouterReplayer:
     def __init__(self, model, mode: str) -> None:
         if mode not in (RECORD, REPLAY):
             raise ValueError(f"mode must be {RECORD!r} or {REPLAY!r}, not {mode!r}")
-        if context_parallel_size() > 1:
+        if context_parallel()[1] > 1:
             raise RouterReplayError("rl_config.router_replay with context parallelism: not "
                                     "supported; set actor_config.context_parallel_size: 1")
         self.routers = model_routers(model)

@@ -21,13 +21,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from mindspeed_rl.engine.cp_micro_batch import (ContextParallelOutputs, context_parallel_size,
-                                                   local_inputs)
+from mindspeed_rl.engine.cp_micro_batch import ContextParallelOutputs, local_inputs
 from mindspeed_rl.engine.efficiency import count_tokens
 from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
                                                 make_micro_batches, min_micro_batches)
 from mindspeed_rl.engine.packing import ROWS, packed_inputs
 from mindspeed_rl.parallel.context_parallel import row_multiple
+from mindspeed_rl.parallel.groups import context_parallel
 
 
 class _ResponseOutputsOnly:
@@ -74,7 +74,7 @@ def micro_batches_for(model, batch: RowBatch,
     from megatron.core import parallel_state as ps
 
     spec = MicroBatching.of(micro_batching)
-    cp = context_parallel_size()
+    _, cp = context_parallel()
     if cp > 1:  # CP splits packed rows (engine/cp_micro_batch.py): same numbers as padded
         spec = replace(spec, packed=True)
     if spec.packed and spec.dynamic and packed_inputs(model).backend == ROWS:
@@ -107,7 +107,7 @@ def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable
     hook = _response_hook(model)
     packing = packed_inputs(model)
     count_tokens(micro, training=not forward_only)
-    cp = context_parallel_size()
+    _, cp = context_parallel()
 
     def forward_step(data_iterator, _model):
         mb = next(data_iterator)
@@ -216,7 +216,7 @@ def reduce_sums_once_per_dp_rank(sums: dict[str, float], keys: list[str]) -> dic
     from megatron.core import parallel_state as ps
 
     counts = (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
-              and ps.get_context_parallel_rank() == 0)
+              and context_parallel()[0] == 0)
     t = torch.tensor([sums.get(k, 0.0) if counts else 0.0 for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))

@@ -46,6 +46,8 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
     from megatron.core import parallel_state as ps
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
+    from mindspeed_rl.parallel.groups import context_parallel
+
     if not ps.model_parallel_is_initialized():
         raise RuntimeError("call initialize_megatron_parallel() before building a megatron model")
     kwargs = dict(arch.transformer_config_kwargs)
@@ -54,7 +56,7 @@ def build_transformer_config(arch: ModelArchitecture, *, params_dtype: torch.dty
         pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
         expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
-        context_parallel_size=ps.get_context_parallel_world_size(),
+        context_parallel_size=context_parallel()[1],
         cp_comm_type=CP_COMM_TYPES[context_parallel_algo],
         sequence_parallel=sequence_parallel,
         params_dtype=params_dtype,

@@ -158,6 +158,16 @@ def initialize_megatron_parallel(layout: ParallelLayout, seed: int = 1234,
     model_parallel_cuda_manual_seed(seed)
 
 
+def context_parallel() -> tuple[int, int]:
+    """(this rank's context-parallel rank, the context-parallel size). At run time the one
+    source is megatron's parallel state, which :func:`initialize_megatron_parallel` built from
+    the layout; every runtime reader (micro-batches, schedule, model build, checkpoints,
+    metrics, the dock's consumer layout) asks here."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()
+
+
 def destroy_megatron_parallel() -> None:
     from megatron.core import parallel_state
 

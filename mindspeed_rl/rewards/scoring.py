@@ -1,5 +1,5 @@
 """The weighted reward of a batch of responses: every named verifier, in this process or
-in the job's reward workers (``pool.py``), and the check that no score is NaN or inf."""
+in the job's reward workers (``verifier_pool.py``), and the check that no score is NaN or inf."""
 
 from __future__ import annotations
 

@@ -31,5 +31,7 @@ def counts_in_train_layout() -> bool:
     """Whether this rank speaks for its training DP rank (TP/CP/PP peers hold copies)."""
     from megatron.core import parallel_state as ps
 
+    from mindspeed_rl.parallel.groups import context_parallel
+
     return (ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
-            and ps.get_context_parallel_rank() == 0)
+            and context_parallel()[0] == 0)

@@ -376,12 +376,16 @@ def _layouts(layout) -> dict:
     receives its DP rank's rows), ``gen_writers`` (the first rank of each vLLM
     instance, which put the rollout rows) and ``gen`` (every rank of each vLLM instance:
     a partial rollout's continued rows)."""
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.parallel.groups import context_parallel
     from mindspeed_rl.transfer_dock import ConsumerLayout
 
     tpg = layout.infer_tensor_parallel_size
-    return {"train": ConsumerLayout.megatron(layout.world_size, layout.tensor_model_parallel_size,
-                                             layout.pipeline_model_parallel_size,
-                                             layout.context_parallel_size),
+    return {"train": ConsumerLayout.megatron(layout.world_size,
+                                             ps.get_tensor_model_parallel_world_size(),
+                                             ps.get_pipeline_model_parallel_world_size(),
+                                             context_parallel()[1]),
             "gen_writers": ConsumerLayout(tuple((k * tpg,)
                                                 for k in range(layout.infer_data_parallel_size))),
             "gen": ConsumerLayout(tuple(tuple(range(k * tpg, (k + 1) * tpg))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from mindspeed_rl.algorithms import phase_names as names
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.algorithms.family import CRITIC
+from mindspeed_rl.config.batch_plan import packing_budgets
 from mindspeed_rl.config.deepseek_checks import routing_problems
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.teacher import check_teacher
@@ -438,18 +439,6 @@ def _check_lengths(config: RLJobConfig) -> None:
              "generate_config.max_num_batched_tokens", batched,
              f"smaller than generate_config.max_num_seqs={gen.max_num_seqs} (vLLM refuses this)",
              f"use at least {gen.max_num_seqs}, or null for vLLM's default")
-
-
-def packing_budgets(config: RLJobConfig) -> dict[str, str]:
-    """The phases that run megatron micro-batches in this job -> the prefix of their
-    ``rl_config.<prefix>max_packing_token_size`` ("" = the base budget only): the actor's
-    update (and the critic's), the old log-prob forward when it runs, the reference forward
-    when there is a reference model, the critic's values and the reward model."""
-    runs = config.features.phases
-    prefixes = {names.UPDATE: "update_", names.OLD_LOG_P: "actor_",
-                names.REFERENCE_MODEL: "ref_", names.CRITIC_UPDATE: "update_",
-                names.VALUES: "", names.REWARD_MODEL: ""}
-    return {phase: prefix for phase, prefix in prefixes.items() if phase in runs}
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

@@ -38,7 +38,7 @@ def _check_algorithm(config: RLJobConfig) -> None:
     require(sampling.temperature > 0 or n == 1, "generate_config.sampling_config.temperature",
             sampling.temperature, f"greedy sampling (0) makes all {n} responses of a prompt "
             "identical, so the group has no signal", "use a temperature > 0, e.g. 1.0")
-    require(len(rl.verifier_function) > 0 or config.reward_config is not None,
+    require(len(rl.verifier_function) > 0 or config.features.reward_model,
             "rl_config.verifier_function", rl.verifier_function,
             "no reward would be computed (no verifier and no reward_config)",
             "name at least one verifier, e.g. [math_answer], or add a reward model")

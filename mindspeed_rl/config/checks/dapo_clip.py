@@ -35,7 +35,7 @@ def check_dapo(config: RLJobConfig) -> None:
     require(rl.rollout_is_threshold is None or rl.rollout_is_threshold > 0,
             "rl_config.rollout_is_threshold", rl.rollout_is_threshold, "must be greater than 0",
             "use e.g. 2.0, or null")
-    if rl.filter_groups_enable:
+    if config.features.dynamic_sampling:
         require(family_supports(config, names.DYNAMIC_SAMPLING),
                 "rl_config.filter_groups_enable", True, "dynamic sampling filters GRPO groups "
                 "(pretrain_grpo.py); PPO's advantages do not vanish with equal rewards",
@@ -49,9 +49,10 @@ def check_dapo(config: RLJobConfig) -> None:
                 rl.filter_groups_metric, "is neither reward nor one of "
                 f"rl_config.verifier_function {list(rl.verifier_function)}",
                 f"use one of {metrics}")
-    require(rl.gen_batch_size is None or rl.filter_groups_enable, "rl_config.gen_batch_size",
-            rl.gen_batch_size, "sets the prompts of a dynamic-sampling round, but "
-            "filter_groups_enable is off", "remove it, or set filter_groups_enable: true")
+    require(rl.gen_batch_size is None or config.features.dynamic_sampling,
+            "rl_config.gen_batch_size", rl.gen_batch_size, "sets the prompts of a "
+            "dynamic-sampling round, but filter_groups_enable is off",
+            "remove it, or set filter_groups_enable: true")
     require(rl.gen_batch_size is None or rl.gen_batch_size > 0, "rl_config.gen_batch_size",
             rl.gen_batch_size, "must be greater than 0", "use a positive number of prompts")
     require(rl.max_num_gen_batches >= 0, "rl_config.max_num_gen_batches",

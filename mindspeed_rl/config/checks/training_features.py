@@ -130,7 +130,8 @@ def _check_lora(config: RLJobConfig) -> None:
     require(rl.init_kl_coef > 0, "rl_config.share_backbone", True,
             "this run has no reference model to share the backbone with (rl_config."
             f"init_kl_coef={rl.init_kl_coef}" + ("; DAPO trains without a KL term"
-                                                 if rl.filter_groups_enable else "") + ")",
+                                                 if config.features.dynamic_sampling else "")
+            + ")",
             "set share_backbone: false, or a KL term (init_kl_coef > 0)")
     require(config.ref_config.load is None, "rl_config.share_backbone", True,
             f"the reference is the actor's own backbone, but ref_config.load="

@@ -114,7 +114,7 @@ def measure_micro_batch(hf_dir: str, length: int, algo: str) -> dict:
     from mindspeed_rl.engine.actor import response_entropy, response_logprobs
     from mindspeed_rl.engine.cp_micro_batch import ContextParallelOutputs, local_inputs
     from mindspeed_rl.engine.micro_batches import RowBatch, make_micro_batches
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.engine.packing import packed_inputs
     from mindspeed_rl.models.builder import (build_gpt_model, build_transformer_config,
                                              describe_hf_dir)

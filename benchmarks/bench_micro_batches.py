@@ -57,7 +57,7 @@ def _parse(argv=None):
 
 
 def _variant(text: str, fixed_rows: int):
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
 
     if text == "off":
         return MicroBatching(micro_batch_size=fixed_rows)

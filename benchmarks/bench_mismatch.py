@@ -70,7 +70,7 @@ def _fractions(per_layer: torch.Tensor, tokens: int) -> dict:
 def _training(hf_dir: str, args, rows, rollout_lp, rollout_routes) -> dict:
     """Every mode's numbers from fresh float32 copies of the same weights."""
     from mindspeed_rl.algorithms.routing import differing_routes
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.config.schema import ActorConfig, RLConfig
     from mindspeed_rl.engine.actor import MegatronActor, forward_logprobs
     from mindspeed_rl.engine.micro_batches import ROUTING, RowBatch

@@ -47,7 +47,7 @@ def _packed_paths(hf_dir: str) -> dict:
     (packed rows side by side inside attention): packed log-probs equal the padded ones."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.engine.actor import forward_logprobs
     from mindspeed_rl.engine.micro_batches import RowBatch
     from mindspeed_rl.engine.packing import packing_backend

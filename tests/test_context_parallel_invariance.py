@@ -73,7 +73,7 @@ def _worker(hf_dir: str):
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.config.schema import ActorConfig, RLConfig
     from mindspeed_rl.engine.actor import MegatronActor, forward_logprobs
     from mindspeed_rl.models.builder import (build_gpt_model, build_transformer_config,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from mindspeed_rl.config import load_config, main, make_plan
-from mindspeed_rl.config.checks import check_runnable
+from mindspeed_rl.config.checks.training_features import check_runnable
 from mindspeed_rl.config.mindspeed_keys import HONOURED, ROWS
 from test_mindspeed_rl_config import error_of  # (tests/ is on sys.path: conftest.py)
 from test_mindspeed_rl_history import MSRL, _show

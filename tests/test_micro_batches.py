@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from mindspeed_rl.config.plan import MicroBatching
+from mindspeed_rl.config.batch_plan import MicroBatching
 from mindspeed_rl.engine.micro_batches import (RowBatch, build_micro_batch, make_micro_batches,
                                                 min_micro_batches, plan_micro_batches)
 

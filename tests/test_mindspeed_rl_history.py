@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from mindspeed_rl.config import load_config, main, make_plan
-from mindspeed_rl.config.checks import packing_budgets
+from mindspeed_rl.config.batch_plan import packing_budgets
 from mindspeed_rl.config.errors import ConfigErrors
 from test_mindspeed_rl_config import error_of  # (tests/ is on sys.path: conftest.py)
 

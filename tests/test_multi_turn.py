@@ -107,7 +107,7 @@ def test_a_template_that_rerenders_earlier_turns_is_refused():
 def test_the_loss_mask_zeroes_tool_tokens_in_every_layout():
     """response_mask reaches the micro-batch's mask (padded, token budget, packed): the token
     counts that token-mean divides by are the model's tokens only."""
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
 
     prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
     responses = [torch.tensor([6, 7, 8, 9, 10]), torch.tensor([11, 12, 13])]

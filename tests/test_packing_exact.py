@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mindspeed_rl.config.plan import MicroBatching
+from mindspeed_rl.config.batch_plan import MicroBatching
 from mindspeed_rl.models.tiny import make_tiny_hf_dir
 from mindspeed_rl.testing.multiprocess import run_on_ranks
 

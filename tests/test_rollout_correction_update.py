@@ -32,7 +32,7 @@ def _worker(hf_dir: str):
     from megatron.core import parallel_state as ps
 
     from mindspeed_rl.algorithms import rollout_correction as rc
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.config.schema import ActorConfig, RLConfig
     from mindspeed_rl.engine.actor import MegatronActor, forward_logprobs
     from mindspeed_rl.engine.micro_batches import RowBatch

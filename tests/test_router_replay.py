@@ -25,7 +25,7 @@ def _worker(hf_dir: str):
     import torch.distributed as dist
 
     from mindspeed_rl.algorithms.routing import differing_routes
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.config.schema import ActorConfig, RLConfig
     from mindspeed_rl.engine.actor import MegatronActor, forward_logprobs
     from mindspeed_rl.engine.micro_batches import ROUTING, RowBatch

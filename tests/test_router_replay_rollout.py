@@ -32,7 +32,7 @@ def _free_and_replayed(model, arch, prompts, responses, routes):
     """(per-layer differences of megatron's free routing from ``routes``, the replayed
     pass's per-layer differences, the update's routing/diff_fraction)."""
     from mindspeed_rl.algorithms.routing import differing_routes
-    from mindspeed_rl.config.plan import MicroBatching
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.engine.actor import forward_logprobs
     from mindspeed_rl.engine.micro_batches import ROUTING, RowBatch
     from mindspeed_rl.engine.router_replay import RECORD, REPLAY, RouterReplayer

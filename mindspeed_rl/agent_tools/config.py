@@ -3,9 +3,9 @@
 MindSpeed-RL imports the class a tool entry names and hands it the raw ``config``
 mapping; a typo in a key, a missing URL or a schema without a name then surfaces deep
 inside a rollout, after the job has loaded its models. Here the file is checked whole
-before any process group exists (``config.checks`` calls :func:`load_tool_config` on a
-dry run), every problem raised as one :class:`ToolConfigError` naming the file and the
-key. Nothing here imports torch or vLLM, and nothing contacts a sandbox.
+before any process group exists (``config/checks/tool_turns.py`` calls
+:func:`load_tool_config` on a dry run), every problem raised as one :class:`ToolConfigError`
+naming the file and the key. Nothing here imports torch or vLLM, and nothing contacts a sandbox.
 
 ``class_name`` picks the backend (``kind``):
 

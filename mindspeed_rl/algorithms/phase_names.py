@@ -3,7 +3,7 @@
 A phase's name is its timer (``timing/<name>``), its TransferDock consumer, its name in
 the column contract (``mindspeed_rl/trainer/columns.py``) and, for a phase that runs
 megatron micro-batches, its key in the batch plan's ``micro_batching``
-(``mindspeed_rl/config/plan.py``). Each algorithm family lists these names in the order
+(``mindspeed_rl/config/batch_plan.py``). Each algorithm family lists these names in the order
 it runs them (``mindspeed_rl/algorithms/grpo.py``, ``ppo.py``); the trainer maps each name
 to its function (``mindspeed_rl/trainer/recipes.py``).
 """

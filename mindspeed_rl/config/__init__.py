@@ -11,16 +11,12 @@ from mindspeed_rl.config.cli import LauncherArgs, main, parse_launcher_args
 from mindspeed_rl.config.errors import ConfigError
 from mindspeed_rl.config.loader import apply_overrides, load_config, parse_override
 from mindspeed_rl.config.model_spec import ModelSpec
-from mindspeed_rl.config.plan import Plan, accepted_world_sizes, make_plan, params_per_rank
-from mindspeed_rl.config.schema import (
-    SECTIONS,
-    ActorConfig,
-    GenerateConfig,
-    MegatronTrainingConfig,
-    RLConfig,
-    RLJobConfig,
-    SamplingConfig,
-)
+from mindspeed_rl.config.plan import Plan, make_plan
+from mindspeed_rl.config.plan_layout import accepted_world_sizes
+from mindspeed_rl.config.rank_parameters import params_per_rank
+from mindspeed_rl.config.schema import (SECTIONS, ActorConfig, GenerateConfig,
+                                        MegatronTrainingConfig, RLConfig, RLJobConfig,
+                                        SamplingConfig)
 
 __all__ = [
     "SECTIONS", "ActorConfig", "ConfigError", "GenerateConfig", "LauncherArgs",

@@ -1,4 +1,5 @@
-"""`ConfigError`: what is wrong with a job configuration, in one line a user can act on."""
+"""`ConfigError`: what is wrong with a job configuration, in one line a user can act on;
+and `require`, the checks' way to raise it."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ class ConfigError(ValueError):
         """The same error with ``extra`` appended to its fix."""
         fix = f"{self.fix}; {extra}" if self.fix else extra
         return ConfigError(self.key, self.problem, fix, value=self._value, origin=self.origin)
+
+
+def require(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+    """Raise `ConfigError` (``key``, ``value``, ``problem``, ``fix``) unless ``ok``: the one
+    line each check of `mindspeed_rl.config.checks` states its rule in."""
+    if not ok:
+        raise ConfigError(key, problem, fix, value=value)
 
 
 class ConfigErrors(ConfigError):

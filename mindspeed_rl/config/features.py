@@ -198,6 +198,12 @@ def features(config: RLJobConfig) -> Features:
     )
 
 
+def family_supports(config: RLJobConfig, feature: str) -> bool:
+    """Whether the job's algorithm family is built for ``feature`` (its rows, its phases):
+    the family's ``supports`` (``mindspeed_rl/algorithms/``)."""
+    return feature in registry.algorithm(config.algorithm).supports
+
+
 def _rollout(config: RLJobConfig, limit: int) -> RolloutComposition:
     """The rollout's parts. ``async_engine`` acts where there is something to decode step
     by step: a pass that may stop early (carried rows), or tool turns that may continue on

@@ -14,7 +14,9 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from mindspeed_rl.algorithms import registry
-from mindspeed_rl.config.checks import check_data_files, check_job, check_runnable
+from mindspeed_rl.config.checks import check_job
+from mindspeed_rl.config.checks.job_files import check_data_files
+from mindspeed_rl.config.checks.training_features import check_runnable
 from mindspeed_rl.config.errors import ConfigError, did_you_mean
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
@@ -36,7 +38,8 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
     against the current working directory. The model's architecture fields are
     always read (config.json or model yaml); data files are checked only when
     ``check_data`` (the dry-run passes False: it needs no data and no weights), which also
-    refuses what the dry run plans but a launch cannot run yet (`checks.check_runnable`).
+    refuses what the dry run plans but a launch cannot run yet
+    (`training_features.check_runnable`).
     ``algorithm`` is the launcher's (``grpo`` or ``ppo``): it resolves
     ``rl_config.adv_estimator`` and decides which optional sections are required.
 

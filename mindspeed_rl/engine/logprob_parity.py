@@ -46,8 +46,8 @@ def check_logprob_parity(hf_dir, mg_dir, layout, *, temperature: float, seed: in
     (the same value on every rank)."""
     from megatron.core import parallel_state as ps
 
-    from mindspeed_rl.config.plan import MicroBatching
     from mindspeed_rl.checkpoint.checkpoint_parity import load_megatron_model
+    from mindspeed_rl.config.batch_plan import MicroBatching
     from mindspeed_rl.parallel.groups import destroy_megatron_parallel
     from mindspeed_rl.engine.actor import forward_logprobs
 

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from mindspeed_rl.config.plan import MicroBatching
+from mindspeed_rl.config.batch_plan import MicroBatching
 
 # A per-token row extra of 1s and 0s: the response tokens the loss covers (multi-turn's
 # ``response_mask`` column); the micro-batch's ``mask`` is 0 where it is 0.

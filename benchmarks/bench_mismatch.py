@@ -105,8 +105,9 @@ def _training(hf_dir: str, args, rows, rollout_lp, rollout_routes) -> dict:
         if mode != "none":
             cols[ROUTING] = old_routes
         rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0, router_replay=mode)
+        replay = mode != "none"  # the job's routing-replay feature
         actor.update(RowBatch(prompts, responses, cols), spec, rl, kl_coef=0.0,
-                     vocab_size=arch.vocab_size)
+                     vocab_size=arch.vocab_size, replay_routing=replay)
         if mode == "none":  # the next micro-step routes afresh: compare with the old pass
             after = RouterReplayer(model, RECORD)
             forward_logprobs(model, RowBatch(prompts, responses, {}), spec, arch.vocab_size,
@@ -117,7 +118,7 @@ def _training(hf_dir: str, args, rows, rollout_lp, rollout_routes) -> dict:
             frac = _fractions(moved, tokens)["routing_diff_fraction"]
         else:
             stats = actor.update(RowBatch(prompts, responses, cols), spec, rl, kl_coef=0.0,
-                                 vocab_size=arch.vocab_size)
+                                 vocab_size=arch.vocab_size, replay_routing=replay)
             frac = stats["routing/diff_fraction"]
         result["update_vs_old_routing_diff_fraction"] = frac
         out[mode] = result

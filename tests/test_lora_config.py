@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mindspeed_rl.config import load_config, make_plan
-from mindspeed_rl.config.errors import ConfigErrors
+from mindspeed_rl.config.config_error import ConfigErrors
 from tests.test_config import TINY_MODEL, error_of, job  # noqa: F401 - the fixture
 
 REPO = Path(__file__).resolve().parents[1]

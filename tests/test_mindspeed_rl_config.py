@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mindspeed_rl.config import ConfigError, load_config, main, make_plan
-from mindspeed_rl.config.errors import ConfigErrors
+from mindspeed_rl.config.config_error import ConfigErrors
 from mindspeed_rl.config.mindspeed_keys import (HONOURED, NOT_APPLICABLE, ROWS, TRANSLATED,
                                                 typo_hint)
 from mindspeed_rl.config.normalise import _fields

@@ -19,7 +19,7 @@ import yaml
 
 from mindspeed_rl.config import load_config, main, make_plan
 from mindspeed_rl.config.batch_plan import packing_budgets
-from mindspeed_rl.config.errors import ConfigErrors
+from mindspeed_rl.config.config_error import ConfigErrors
 from test_mindspeed_rl_config import error_of  # (tests/ is on sys.path: conftest.py)
 
 # MindSpeed-RL's model yaml of March 2025 (Megatron names under the model name, no

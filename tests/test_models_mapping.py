@@ -47,7 +47,9 @@ def test_gate_up_tp_split_keeps_gate_and_up_per_shard():
 
 
 def test_vocab_padding_is_layout_independent_and_stripped_on_export():
-    assert wm.padded_vocab_size(300) == 384 and wm.padded_vocab_size(384) == 384
+    from mindspeed_rl.config.rank_parameters import padded_vocab_size
+
+    assert padded_vocab_size(300) == 384 and padded_vocab_size(384) == 384
     arch = describe_model(tiny_config("qwen2", vocab_size=300))
     emb = torch.randn(300, 128)
     full = arch.weight_map.to_megatron("embedding.word_embeddings.weight", {"model.embed_tokens.weight": emb})

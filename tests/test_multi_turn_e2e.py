@@ -59,14 +59,15 @@ def test_multi_turn_grpo_trains_on_the_model_tokens_and_resumes_exactly(assets):
     # resume from the checkpoint of iteration 2: iteration 3 repeats the uninterrupted one,
     # also with the step-wise loop (async_engine): every trajectory's turns are seeded on
     # their own, so they come out the same whichever turns share a decode batch
-    assert "multi-turn: batch-wide turns" in first.stdout
+    assert "rollout: fresh prompts x tool turns x one pass (batch-wide turns" in first.stdout
     part = stopped_at(full_ckpt, 2, assets["root"] / "ckpt_part")
     proc, resumed = launch(assets, "part", "megatron_training.train_iters=3",
                            f"actor_config.load={part}", f"actor_config.save={part}",
                            "rl_config.async_engine=true",
                            f"megatron_training.test_data_path={assets['test']}",
                            "megatron_training.num_test_prompts=4")
-    assert "multi-turn: step-wise (rl_config.async_engine)" in proc.stdout
+    assert "rollout: fresh prompts x tool turns x step-wise (each trajectory continues" in \
+        proc.stdout
     again = training_rows(resumed)
     assert sorted(again) == [3]
     # the evaluation after the last iteration runs the policy with its tools (the agent loop,

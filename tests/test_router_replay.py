@@ -70,10 +70,11 @@ def _worker(hf_dir: str):
         adv = [torch.randn(len(r), generator=g) for r in responses]
         rows = RowBatch(prompts, responses, {"advantages": adv, "logprobs_old": logp_old,
                                              ROUTING: routes})
-        rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0, router_replay="R2")
+        rl = RLConfig(clip_ratio=0.2, entropy_coeff=0.0)
         steps = []
         for spec in (padded, padded, packed):
-            stats = actor.update(rows, spec, rl, kl_coef=0.0, vocab_size=arch.vocab_size)
+            stats = actor.update(rows, spec, rl, kl_coef=0.0, vocab_size=arch.vocab_size,
+                                 replay_routing=True)  # the job's feature (router_replay R2)
             router_grad = sum(float(r.weight.main_grad.abs().sum()) for r in model_routers(model))
             steps.append((stats["routing/diff_fraction"], stats["update_ok"], router_grad))
         out["steps"] = steps

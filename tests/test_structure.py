@@ -21,7 +21,7 @@ SWITCHES = {"multi_turn_enable", "async_engine", "router_replay", "partial_rollo
             "filter_groups_enable"}
 SWITCHES_READ_IN = {"config/features.py", "config/schema.py"}
 # The keys' own checks (their ranges and the keys they need), by concern
-SWITCH_CHECKS = {"partial_rollout_max_split": "_check_partial_rollout"}
+SWITCH_CHECKS = {"partial_rollout_max_split": "check_partial_rollout"}
 
 
 def _modules() -> dict[str, Path]:
@@ -162,7 +162,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
                "    if rl.partial_rollout_max_split > 1 and config.rl_config.multi_turn_enable:\n"
                '        raise ValueError("set rl_config.async_engine: false")\n'
                '    return rl.router_replay == "R3"\n'
-               "def _check_partial_rollout(rl):\n"
+               "def check_partial_rollout(rl):\n"
                "    return rl.partial_rollout_max_split >= 1\n")
     assert switch_reads(planted, "x.py", SWITCH_CHECKS) == [
         "x.py:3: .partial_rollout_max_split", "x.py:3: .multi_turn_enable",

@@ -8,7 +8,7 @@ Pure Python: importing this package imports neither torch nor megatron.
 """
 
 from mindspeed_rl.config.cli import LauncherArgs, main, parse_launcher_args
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 from mindspeed_rl.config.loader import apply_overrides, load_config, parse_override
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.plan import Plan, make_plan

@@ -15,7 +15,7 @@ from typing import Sequence
 import yaml
 
 from mindspeed_rl.algorithms import registry
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 from mindspeed_rl.config.loader import load_config
 from mindspeed_rl.config.plan import make_plan
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 
 # HF name -> the Megatron name a MindSpeed model yaml uses for it
 MEGATRON_NAMES = {"n_group": "moe_router_num_groups", "topk_group": "moe_router_group_topk",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mindspeed_rl.config.deepseek_checks import MEGATRON_NAMES, routing_problems
-from mindspeed_rl.config.errors import ConfigError, show_value
+from mindspeed_rl.config.config_error import ConfigError, show_value
 
 MLA_SWITCHES = ("multi_latent_attention", "multi_head_latent_attention")
 

@@ -17,7 +17,7 @@ from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.checks import check_job
 from mindspeed_rl.config.checks.job_files import check_data_files
 from mindspeed_rl.config.checks.training_features import check_runnable
-from mindspeed_rl.config.errors import ConfigError, did_you_mean
+from mindspeed_rl.config.config_error import ConfigError, did_you_mean
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
 from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig

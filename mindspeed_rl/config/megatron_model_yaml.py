@@ -20,7 +20,7 @@ from typing import Any
 
 from mindspeed_rl.config.deepseek_model_yaml import (DEEPSEEK_KEYS, deepseek_fields, is_mla,
                                                      plain_model_problems)
-from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
+from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.config.mindspeed_keys import (HONOURED, MEGATRON, NOT_APPLICABLE,
                                                 not_applicable_error, row, typo_hint)
 

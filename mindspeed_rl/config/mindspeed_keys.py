@@ -29,7 +29,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mindspeed_rl.config.errors import ConfigError, show_value
+from mindspeed_rl.config.config_error import ConfigError, show_value
 
 # Where MindSpeed-RL reads a key. Megatron keys: megatron_training and actor_config are
 # merged into one MegatronConfig there (actor_config wins), ref_config likewise.

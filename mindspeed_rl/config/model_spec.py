@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
+from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.config.megatron_model_yaml import (MEGATRON_TO_HF, is_megatron_model_yaml,
                                                      translate_megatron_model)
 from mindspeed_rl.config.typed_sections import build_section

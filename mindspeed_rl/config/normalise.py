@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mindspeed_rl.config.errors import ConfigError, ConfigErrors, show_value
+from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.megatron_model_yaml import MEGATRON_TO_HF
 from mindspeed_rl.config.mindspeed_keys import (FAMILY_SECTIONS, GENERATE, HONOURED, MEGATRON,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mindspeed_rl.config.batch_plan import BatchPlan, packing_budgets
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 from mindspeed_rl.config.layout_notes import layout_notes
 from mindspeed_rl.config.plan_layout import (accepted_world_sizes, checked_layout,
                                              reference_layout_lines)

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from mindspeed_rl.config.deepseek_checks import mla_tensor_parallel_problem
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 from mindspeed_rl.config.schema import RLJobConfig
 from mindspeed_rl.parallel.layout import LayoutError, ParallelLayout
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from mindspeed_rl.config.model_spec import ModelSpec
 
-# Same padding as mindspeed_rl.models.weight_map.padded_vocab_size (not imported: that
-# module needs torch, the dry-run must not).
 _VOCAB_PADDING = 128
 
 
 def padded_vocab_size(vocab_size: int) -> int:
-    """Vocabulary rows megatron allocates (padded so every TP dividing 128 splits it evenly)."""
+    """Vocabulary rows megatron allocates: padded so every TP size dividing 128 splits it
+    evenly. The padding does not depend on TP, so one checkpoint loads at every layout (the
+    models' weight maps and the dry run read this one rule)."""
     return -(-vocab_size // _VOCAB_PADDING) * _VOCAB_PADDING
 
 

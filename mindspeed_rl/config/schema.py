@@ -46,7 +46,8 @@ class MegatronTrainingConfig:
         "read at most this long (prompts longer than rl_config.max_prompt_length are dropped; "
         "when seq_length is shorter, longer kept prompts are cut to their first seq_length "
         "tokens, with a warning); must be <= generate_config.max_model_len"))
-    train_iters: int = setting(10, "GRPO iterations to run")
+    train_iters: int = setting(10, "RL iterations to run (each: rollout, rewards, advantages, "
+                                   "the forwards and the updates; any algorithm)")
     save_interval: int = setting(0, "iterations between checkpoints to actor_config.save; "
                                     "0 = only after the last iteration")
     exit_duration_in_mins: float | None = setting(None, (

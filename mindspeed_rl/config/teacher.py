@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from mindspeed_rl.algorithms.distillation import NAME as DISTILL
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 from mindspeed_rl.config.model_spec import read_model_spec
 from mindspeed_rl.config.rank_parameters import params_per_rank
 
@@ -44,7 +44,7 @@ def check_teacher(config) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"teacher_config.{size}", "must be at least 1",
                               "use a positive size, or leave it out (the actor's)", value=value)
-    if rl.filter_groups_enable and not teacher.task_reward_coef:
+    if config.features.dynamic_sampling and not teacher.task_reward_coef:
         raise ConfigError("rl_config.filter_groups_enable", "dynamic sampling drops the groups "
                           "whose rewards are all equal, but with teacher_config."
                           "task_reward_coef=0 the reward plays no part in distillation's "

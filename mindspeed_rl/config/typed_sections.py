@@ -15,7 +15,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from mindspeed_rl.config.errors import ConfigError, did_you_mean
+from mindspeed_rl.config.config_error import ConfigError, did_you_mean
 
 
 def field_types(cls: type) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from mindspeed_rl.config.errors import ConfigError
+from mindspeed_rl.config.config_error import ConfigError
 
 
 class _ConfigYamlLoader(yaml.SafeLoader):

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from mindspeed_rl.models.weight_map import AttentionGeometry, WeightMap, padded_vocab_size
+from mindspeed_rl.config.rank_parameters import padded_vocab_size
+from mindspeed_rl.models.weight_map import AttentionGeometry, WeightMap
 
 
 class UnsupportedConfigError(ValueError):

@@ -18,13 +18,12 @@ layer (``num_nextn_predict_layers``) are not used by RL: the converters skip the
 
 from __future__ import annotations
 
+from mindspeed_rl.config.rank_parameters import padded_vocab_size
 from mindspeed_rl.models import llama, qwen3_moe
 from mindspeed_rl.models.architecture import (
     ModelArchitecture, UnsupportedConfigError, dense_decoder_config, require,
 )
-from mindspeed_rl.models.weight_map import (
-    GATE_UP, MOE, AttentionGeometry, Rule, WeightMap, padded_vocab_size,
-)
+from mindspeed_rl.models.weight_map import GATE_UP, MOE, AttentionGeometry, Rule, WeightMap
 
 NAME = "deepseek_v3"
 MODEL_TYPES = ("deepseek_v3",)

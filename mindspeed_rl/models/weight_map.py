@@ -108,14 +108,6 @@ def pad_vocab(t: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(extra, *t.shape[1:])], dim=0)
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int = 128) -> int:
-    """Megatron pads the vocabulary so every TP size dividing ``divisible_by`` splits it evenly.
-
-    The padding does not depend on TP, so one checkpoint loads at every layout.
-    """
-    return -(-vocab_size // divisible_by) * divisible_by
-
-
 # ---- the map -----------------------------------------------------------------------------
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.")

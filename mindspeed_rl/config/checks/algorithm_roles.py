@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.algorithms.family import CRITIC
-from mindspeed_rl.config.errors import ConfigError, require
+from mindspeed_rl.config.config_error import ConfigError, require
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig

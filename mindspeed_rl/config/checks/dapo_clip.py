@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.algorithms import phase_names as names
-from mindspeed_rl.config.errors import require
+from mindspeed_rl.config.config_error import require
 from mindspeed_rl.config.features import family_supports
 
 if TYPE_CHECKING:

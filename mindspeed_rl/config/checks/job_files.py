@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.config.checks.tool_turns import TOOL_PROMPT_TYPES, check_tool_sandbox
-from mindspeed_rl.config.errors import ConfigError, require
+from mindspeed_rl.config.config_error import ConfigError, require
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig

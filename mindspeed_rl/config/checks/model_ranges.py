@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from mindspeed_rl.config.deepseek_checks import routing_problems
-from mindspeed_rl.config.errors import require
+from mindspeed_rl.config.config_error import require
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.config.errors import ConfigError, require
+from mindspeed_rl.config.config_error import ConfigError, require
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig

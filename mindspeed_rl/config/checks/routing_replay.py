@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.config.errors import require
+from mindspeed_rl.config.config_error import require
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig

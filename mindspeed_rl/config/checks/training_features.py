@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from mindspeed_rl.config.errors import ConfigError, require
+from mindspeed_rl.config.config_error import ConfigError, require
 
 if TYPE_CHECKING:
     from mindspeed_rl.config.schema import RLJobConfig
@@ -141,7 +141,7 @@ def _check_lora(config: RLJobConfig) -> None:
 
 def check_runnable(config: RLJobConfig) -> None:
     """What the dry run plans but a launch cannot run yet (checked before any process group):
-    context parallelism runs the actor and the reference (engine/context_parallel.py), not
+    context parallelism runs the actor and the reference (engine/cp_micro_batch.py), not
     the scalar-head models (PPO's critic, a reward model)."""
     cp = config.actor_config.context_parallel_size
     if cp == 1:

@@ -29,7 +29,7 @@ if [[ " $* " == *context_parallel_size=[2-9]* && " $* " != *pipeline_model_paral
   echo "[demo] context parallelism on 2 ranks: actor_config.pipeline_model_parallel_size=1 (the demo's PP 2 needs the ranks CP takes)"
   set -- "$@" actor_config.pipeline_model_parallel_size=1
 fi
-echo "[demo] $WHAT on 2 CPU ranks (20-40 minutes on 2 cores; README lists measured times); metrics: $OUT/logs/metrics.jsonl"
+echo "[demo] $WHAT on 2 CPU ranks (20-40 minutes on 2 cores; docs/results.md lists measured times); metrics: $OUT/logs/metrics.jsonl"
 # mindspeed_rl.fault.torchrun is torchrun whose failures end with their one-line cause.
 "$PY" -m mindspeed_rl.fault.torchrun --standalone --nproc_per_node 2 pretrain_grpo.py \
   --config "$CONFIG" "$@"

@@ -1,5 +1,6 @@
-"""The prompt dataset of a run: tokenized prompts, their answers, and a resumable,
-deterministic, epoch-shuffled read position."""
+"""The dataset of a run: tokenized prompts and their answers (or any other items, e.g. the
+preference pairs of `mindspeed_rl.data.pairwise`), and a resumable, deterministic,
+epoch-shuffled read position."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class PromptItem:
 
 
 class PromptDataset(Sequence):
-    """Prompts in file order, plus a shuffled read position for training.
+    """Prompts (or other items) in file order, plus a shuffled read position for training.
 
     Epoch e visits the prompts in the permutation drawn from ``(seed, e)`` (file
     order when ``shuffle`` is False); ``next_batch`` returns the next
@@ -29,11 +30,18 @@ class PromptDataset(Sequence):
     fewer than ``global_batch_size`` remain (the tail of an epoch is skipped, so
     every batch is full). The position (epoch, offset) is what the checkpoint
     stores: ``state_dict()`` / ``load_state_dict()``.
+
+    item_name: what the items are called in error messages ("prompts", "pairs").
+    length_key: the config key of the length filter applied before (named when a resume
+      finds another item count); None when no item was filtered out by length.
     """
 
-    def __init__(self, items: Sequence[PromptItem], *, seed: int = 1234, shuffle: bool = True,
-                 num_dropped: int = 0, source: str = ""):
+    def __init__(self, items: Sequence, *, seed: int = 1234, shuffle: bool = True,
+                 num_dropped: int = 0, source: str = "", item_name: str = "prompts",
+                 length_key: str | None = "rl_config.max_prompt_length"):
         self._items = list(items)
+        self.item_name = item_name
+        self.length_key = length_key
         self.seed = int(seed)
         self.shuffle = shuffle
         self.num_dropped = num_dropped  # prompts filtered out as longer than max_prompt_length
@@ -63,7 +71,7 @@ class PromptDataset(Sequence):
         """Dataset indices of the next ``global_batch_size`` prompts; advances the position."""
         if not 1 <= global_batch_size <= len(self):
             raise ValueError(f"global_batch_size={global_batch_size} must be between 1 and the "
-                             f"{len(self)} prompts of {self.source or 'the dataset'}")
+                             f"{len(self)} {self.item_name} of {self.source or 'the dataset'}")
         if self.offset + global_batch_size > len(self):
             self.epoch, self.offset = self.epoch + 1, 0
         indices = self.order(self.epoch)[self.offset:self.offset + global_batch_size]
@@ -96,11 +104,13 @@ class PromptDataset(Sequence):
     def load_state_dict(self, state: dict) -> None:
         """Resume at a position from ``state_dict``; fails if the dataset or seed changed,
         since the position would then point at different prompts."""
-        if state["num_prompts"] != len(self):
+        if state["num_prompts"] != len(self):  # (the key keeps its name for old checkpoints)
+            after = (f" (after the {self.length_key.rpartition('.')[2]} filter)"
+                     if self.length_key else "")
+            same = f" and {self.length_key}" if self.length_key else ""
             raise ValueError(f"the checkpoint's data position is for {state['num_prompts']} "
-                             f"prompts but {self.source or 'the dataset'} has {len(self)} "
-                             "(after the max_prompt_length filter); resume with the same data "
-                             "and rl_config.max_prompt_length")
+                             f"{self.item_name} but {self.source or 'the dataset'} has "
+                             f"{len(self)}{after}; resume with the same data{same}")
         if state["seed"] != self.seed:
             raise ValueError(f"the checkpoint's data order used seed {state['seed']} but "
                              f"megatron_training.seed is {self.seed}; resume with the same seed")

@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mindspeed_rl.data.indexed import is_indexed_prefix, read_indexed_prompts
+from mindspeed_rl.data.indexed import (is_indexed_pair_prefix, is_indexed_prefix,
+                                       read_indexed_prompts)
 from mindspeed_rl.data.prompt_dataset import PromptDataset, PromptItem
 
 logger = logging.getLogger(__name__)
@@ -103,9 +104,9 @@ class _Rows:
         return [row.get(key) for row in self.rows]
 
 
-def _load_table(path: str) -> _Rows:
+def load_table(path: str) -> _Rows:
     """The rows of one file: pyarrow's parquet reader, or Python's JSON parser (rows as
-    written: a message keeps exactly the keys it has)."""
+    written: a message keeps exactly the keys it has). Errors name the file and the row."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -159,6 +160,25 @@ def _json_lines(path: str, text: str) -> list:
     return rows
 
 
+# The columns that mark a pairwise (DPO) file: raw text, or pre-tokenized (pairwise.py).
+_PAIR_COLUMN_SETS = ({"chosen", "rejected"}, {"chosen_ids", "rejected_ids"})
+
+
+def _check_not_pairwise(path: str, table, answer_key: str | None) -> None:
+    """A DPO file given to a prompt loader: say so instead of naming a missing answer. Only
+    when the answer column is missing, so prompt files with extra columns still load."""
+    columns = set(table.column_names)
+    if answer_key is None or answer_key in columns:
+        return
+    for pair_columns in _PAIR_COLUMN_SETS:
+        if pair_columns <= columns:
+            chosen, rejected = sorted(pair_columns)
+            raise ValueError(f"row 0 of {path} has {chosen!r} and {rejected!r} fields and no "
+                             f"{answer_key!r} field: it is a pairwise (DPO) file, which trains "
+                             "with pretrain_dpo.py; GRPO/PPO read prompts with answers (set "
+                             "megatron_training.answer_key if the answers are under another key)")
+
+
 def _row_keys(table, row: int) -> list[str]:
     return sorted(k for k, v in table[row].items() if v is not None)
 
@@ -176,6 +196,10 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     Rows whose prompt is empty (blank text, no messages or only blank ones, no token ids)
     are skipped: one warning per file names it and counts them.
     """
+    if is_indexed_pair_prefix(path) and not is_indexed_prefix(path):
+        raise ValueError(f"{path} is a pairwise (DPO) packed dataset (its _packed_chosen_* and "
+                         "_packed_rejected_* files hold preference pairs, no prompts with "
+                         "answers); pairwise data trains with pretrain_dpo.py")
     if is_indexed_prefix(path):
         prompts, answers = read_indexed_prompts(path, data_path_key)
         return [RawPrompt(prompt=None, answer="", source_file=path, source_row=i,
@@ -186,11 +210,12 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
     for file in data_files(path, data_path_key):
         if os.path.getsize(file) == 0:
             continue
-        table = _load_table(file)
+        table = load_table(file)
         if len(table) == 0:
             continue
         pre_tokenized = PROMPT_IDS_COLUMN in table.column_names
         columns = set(table.column_names)
+        _check_not_pairwise(file, table, answer_key)
         prompts = table[prompt_key] if prompt_key in columns else None
         answers = table[answer_key] if answer_key is not None and answer_key in columns else None
         ids = table[PROMPT_IDS_COLUMN] if pre_tokenized else None

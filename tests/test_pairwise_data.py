@@ -43,7 +43,7 @@ def ids(text):
 ALPACA = [{"instruction": "What is 3 + 4 ?", "input": "Be brief.", "chosen": "7", "rejected": "8"},
           {"instruction": "What is 2 * 5 ?", "input": "", "chosen": "10", "rejected": "12 No"},
           {"instruction": "Hi", "chosen": "Hi", "rejected": "No"}]  # no input: prompt alone
-# Intel/orca_dpo_pairs' columns, read with configs/datasets/orca_rlhf.yaml's map_keys
+# Intel/orca_dpo_pairs' columns, read with the map_keys of MindSpeed-RL's orca_rlhf dataset config
 ORCA = [{"system": "Be brief.", "question": "What is 1 + 1 ?", "chosen": "2", "rejected": "3",
          "input": "a"},  # not read: map_keys query "" says the file has no query
         {"system": "", "question": "Hi", "chosen": "Sure", "rejected": "No"}]

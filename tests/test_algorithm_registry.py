@@ -15,13 +15,14 @@ GRPO_ESTIMATORS = ["group_norm", "rloo", "reinforce_plus_plus", "reinforce_plus_
 
 
 def test_the_registry_holds_each_family_and_its_estimators():
-    assert [a.name for a in registry.algorithms()] == ["grpo", "ppo"]
+    assert [a.name for a in registry.algorithms()] == ["grpo", "ppo", "dpo"]
     assert [e.name for e in registry.estimators("grpo")] == GRPO_ESTIMATORS
     assert [e.name for e in registry.estimators("ppo")] == ["gae"]
     assert registry.estimator("grpo").name == "group_norm"   # verl's name, same estimator
     assert registry.estimator("nope") is None
     assert registry.algorithm_of_stage("ray_dapo").launcher == "pretrain_grpo.py"
-    assert registry.stages() == ["ray_dapo", "ray_grpo", "ray_ppo"]
+    assert registry.stages() == ["dpo", "ray_dapo", "ray_grpo", "ray_ppo"]
+    assert registry.estimators("dpo") == () and registry.algorithm("dpo").default_estimator is None
     with pytest.raises(ValueError, match="already registered"):
         registry.register(registry.estimator("rloo"))
 
@@ -35,7 +36,9 @@ def test_each_estimator_runs_its_own_advantage_phase():
     assert "adv" not in rpp  # after the forwards: the KL in its reward reads their log-probs
     assert rpp.index("discounted_returns") == rpp.index("reference_model") + 1
     assert recipes.recipes()["grpo/group_norm"] == grpo
-    assert set(recipes.recipes()) == {*(f"grpo/{e}" for e in GRPO_ESTIMATORS), "ppo/gae"}
+    assert set(recipes.recipes()) == {*(f"grpo/{e}" for e in GRPO_ESTIMATORS), "ppo/gae", "dpo"}
+    # a family without advantages runs its own phases, none of the estimators'
+    assert recipes.recipes()["dpo"] == ("pairs", "reference_model", "preference_update")
 
 
 @pytest.mark.parametrize("written, resolved", [

@@ -84,7 +84,7 @@ def _flow_misuse() -> dict:
 def test_phases_that_leave_the_contract_are_refused():
     errors = run_on_ranks(_flow_misuse, 1, timeout=120)[0]
     assert "'secret', which the column contract" in errors["undeclared"]
-    assert "lets only ['rollout'] put it" in errors["not_producer"]
+    assert "lets only ['rollout', 'pairs'] put it" in errors["not_producer"]
     assert "declares torch.int64 [P]" in errors["wrong_dtype"]
     assert "phase 'reward' gets column 'prompt_ids'" in errors["not_consumer"]
     assert errors["delivered"] is True

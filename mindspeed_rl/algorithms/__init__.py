@@ -7,7 +7,7 @@ registers the families and estimators (each where it is defined: ``registry.py``
 """
 
 # Registers the families and estimators, in the order errors and the docs list them.
-from mindspeed_rl.algorithms import grpo, ppo, rloo, reinforce_plus_plus, distillation  # noqa: F401, I001
+from mindspeed_rl.algorithms import grpo, ppo, rloo, reinforce_plus_plus, distillation, dpo  # noqa: F401, I001
 from mindspeed_rl.algorithms.advantages import (broadcast_to_tokens, gae_advantages,
                                                 group_normalized_advantages, token_level_rewards)
 from mindspeed_rl.algorithms.dapo import groups_with_reward_spread, overlong_penalty

@@ -8,6 +8,7 @@ it runs them (``mindspeed_rl/algorithms/grpo.py``, ``ppo.py``); the trainer maps
 to its function (``mindspeed_rl/trainer/recipes.py``).
 """
 
+PAIRS = "pairs"  # DPO: the iteration's preference pairs into the dock
 RESHARDING_TO_INFER = "resharding_to_infer"
 ROLLOUT = "rollout"
 RESHARDING_TO_TRAIN = "resharding_to_train"
@@ -24,3 +25,4 @@ DISCOUNTED_RETURNS = "discounted_returns"
 GAE = "gae"
 CRITIC_UPDATE = "critic_update"
 UPDATE = "update"
+PREFERENCE_UPDATE = "preference_update"  # DPO's loss on the pairs

@@ -80,8 +80,10 @@ def estimators(algorithm_name: str | None = None) -> tuple[Estimator, ...]:
     return tuple(sorted(runs, key=lambda e: e.name != default))
 
 
-def estimator(name: str) -> Estimator | None:
+def estimator(name: str | None) -> Estimator | None:
     """The estimator called ``name`` or aliased so (None: no such estimator)."""
+    if name is None:
+        return None
     return _ESTIMATORS.get(name) or _alias_owner(name)
 
 
@@ -90,10 +92,10 @@ def advantage_phases() -> frozenset[str]:
     return frozenset(e.phase for e in _ESTIMATORS.values())
 
 
-def phases(algorithm_name: str, estimator_name: str) -> tuple[str, ...]:
+def phases(algorithm_name: str, estimator_name: str | None) -> tuple[str, ...]:
     """The phase names of ``algorithm_name`` running ``estimator_name``, in order (every
     phase the job may need; the trainer leaves out those a config does not)."""
-    own = estimator(estimator_name).phase
-    skip = advantage_phases() - {own}
+    found = estimator(estimator_name)
+    skip = advantage_phases() - ({found.phase} if found is not None else set())
     return tuple(n for n in algorithm(algorithm_name).phases if n not in skip)
 

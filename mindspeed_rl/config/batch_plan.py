@@ -62,7 +62,8 @@ class MicroBatching:
 
 
 # (phase, rl_config prefix of its token budget and row cap)
-_MICRO_BATCH_PHASES = ((names.UPDATE, "update_"), (names.OLD_LOG_P, "actor_"),
+_MICRO_BATCH_PHASES = ((names.UPDATE, "update_"), (names.PREFERENCE_UPDATE, "update_"),
+                       (names.OLD_LOG_P, "actor_"),
                        (names.REFERENCE_MODEL, "ref_"), (names.CRITIC_UPDATE, "update_"),
                        (names.VALUES, ""), (names.REWARD_MODEL, ""))
 
@@ -71,6 +72,8 @@ def micro_batchings(config: RLJobConfig) -> dict[str, MicroBatching]:
     """Each phase's :class:`MicroBatching` (only the phases the job can run)."""
     rl, critic, reward = config.rl_config, config.critic_config, config.reward_config
     rows = {names.UPDATE: config.actor_config.micro_batch_size,
+            # DPO: micro_batch_size pairs (the engine keeps each pair's two rows together)
+            names.PREFERENCE_UPDATE: config.actor_config.micro_batch_size,
             names.OLD_LOG_P: rl.actor_forward_micro_batch_size,
             names.REFERENCE_MODEL: rl.ref_forward_micro_batch_size}
     if critic is not None:
@@ -146,7 +149,9 @@ class BatchPlan:
             mini_batches_per_epoch=gbs // mini,
             optimizer_steps_per_iteration=gbs // mini * rl.epochs,
             responses_per_mini_batch_per_training_dp_rank=mini * n // dp,
-            micro_batches_per_mini_batch=mini * n // (dp * config.actor_config.micro_batch_size),
+            # DPO's micro_batch_size counts pairs (two rows each)
+            micro_batches_per_mini_batch=mini * n // (
+                dp * config.actor_config.micro_batch_size * (n if config.features.pairs else 1)),
             old_logprob_micro_batches_per_training_dp_rank=-(
                 -per_dp // rl.actor_forward_micro_batch_size),
             ref_logprob_micro_batches_per_training_dp_rank=-(

@@ -112,9 +112,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mindspeed_rl.
 
 
 def estimator_line(config) -> str:
-    """The dry run's line naming the advantage estimator the job runs, and its formula."""
+    """The dry run's line naming the advantage estimator the job runs and its formula (DPO:
+    its loss)."""
     estimator = registry.estimator(config.rl_config.adv_estimator)
     launcher = registry.algorithm(config.algorithm).launcher
+    if estimator is None:
+        mt = config.megatron_training
+        return (f"loss: DPO {mt.dpo_loss_type} ({launcher}), beta {mt.dpo_beta:g}, label "
+                f"smoothing {mt.dpo_label_smoothing:g}, pref_ftx {mt.pref_ftx:g}")
     return f"advantages: {estimator.name} ({launcher}): {estimator.formula}"
 
 

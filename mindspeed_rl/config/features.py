@@ -14,10 +14,11 @@ the keys that turn it on, and the optional phases it needs.
 | ``router_replay`` | ``rl_config.router_replay`` R2 / R3 | the routes column, replayed by the passes |
 | ``dynamic_sampling`` | ``rl_config.filter_groups_enable`` | the dynamic_sampling phase |
 | ``reward_model`` | a ``reward_config`` section | the reward_model phase |
-| ``reference`` | ``rl_config.init_kl_coef`` != 0 | the reference_model phase |
+| ``reference`` | ``rl_config.init_kl_coef`` != 0, or the family (DPO) | the reference_model phase |
 | ``kl_in_reward`` | ``rl_config.use_kl_in_reward`` (with a reference) | old_log_p: the KL in the reward |
 | ``multi_step`` | ``mini_batch_size`` < ``global_batch_size`` or ``epochs`` > 1 | old_log_p |
 | ``rollout_is_batch_normalize`` | ``rl_config.rollout_is_batch_normalize`` | old_log_p |
+| ``pairs`` | the family (DPO) | rows are preference pairs read from the data, no rollout |
 
 The phases an algorithm runs are its family's list (``mindspeed_rl/algorithms/``), with
 its estimator's advantage phase, less the optional phases (``OPTIONAL_PHASES``) that
@@ -128,6 +129,8 @@ class Features:
     rollout_is_batch_normalize: bool
     response_limit: int                  # tokens of the longest response
     rollout: RolloutComposition
+    pairs: bool = False                  # rows are preference pairs from the data (DPO)
+    engine: bool = True                  # a vLLM engine (rollout, or a DPO job's evaluation)
 
     @property
     def partial_rollout(self) -> bool:
@@ -171,13 +174,15 @@ def features(config: RLJobConfig) -> Features:
     rl, mt = config.rl_config, config.megatron_training
     multi_turn = rl.multi_turn_enable
     estimator = registry.estimator(rl.adv_estimator or "")
-    reference = rl.init_kl_coef != 0
-    kl_in_reward = bool(rl.use_kl_in_reward and reference and estimator is not None
+    kl = rl.init_kl_coef != 0  # a KL to the reference (in the loss or in the reward)
+    reference = kl or "reference" in registry.algorithm(config.algorithm).always
+    kl_in_reward = bool(rl.use_kl_in_reward and kl and estimator is not None
                         and estimator.kl_in_reward)
     mini = rl.mini_batch_size or mt.global_batch_size
     limit = (rl.max_total_response_length or config.sampling_config.max_tokens) if multi_turn \
         else config.sampling_config.max_tokens
     rollout = _rollout(config, limit)
+    pairs = "pairs" in registry.algorithm(config.algorithm).always
     return Features(
         algorithm=config.algorithm,
         estimator=estimator.name if estimator is not None else str(rl.adv_estimator),
@@ -189,12 +194,14 @@ def features(config: RLJobConfig) -> Features:
         reward_model=config.reward_config is not None,
         reference=reference,
         kl_in_reward=kl_in_reward,
-        kl_loss_coef=rl.init_kl_coef if reference and not rl.use_kl_in_reward else 0.0,
+        kl_loss_coef=rl.init_kl_coef if kl and not rl.use_kl_in_reward else 0.0,
         teacher=config.teacher_config is not None,
         multi_step=mt.global_batch_size // max(mini, 1) * rl.epochs > 1,
         rollout_is_batch_normalize=rl.rollout_is is not None and rl.rollout_is_batch_normalize,
         response_limit=limit,
         rollout=rollout,
+        pairs=pairs,
+        engine=not pairs or mt.test_data_path is not None,
     )
 
 

@@ -20,6 +20,7 @@ from mindspeed_rl.config.checks.training_features import check_runnable
 from mindspeed_rl.config.config_error import ConfigError, did_you_mean
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
+from mindspeed_rl.config.preference import resolve_pairs_rl
 from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig
 from mindspeed_rl.config.typed_sections import build_section, field_types, nested_section_type
 from mindspeed_rl.config.yaml_source import parse_yaml_scalar, read_yaml_file
@@ -78,6 +79,9 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
                         need_tokenizer=check_data)
     warnings: list[str] = []
     sections["rl_config"] = _resolved_rl(sections, algorithm, config_path, warnings)
+    if "pairs" in registry.algorithm(algorithm).always:  # DPO (config/preference.py)
+        sections["rl_config"] = resolve_pairs_rl(sections["rl_config"], raw["rl_config"],
+                                                 sections["actor_config"].micro_batch_size)
     notices += _gspo_notice(sections["rl_config"]) + _npu_only_notices(sections)
     warnings += _prompt_cut_warning(sections)
     for name in OPTIONAL_SECTIONS:

@@ -179,7 +179,8 @@ ROWS: list[KeyRow] = [
     *_na(MEGATRON, "use_mcore_models", "megatron-core models are the only ones here",
          _one_of(True), "true"),
     KeyRow(MEGATRON, "stage", TRANSLATED, "the algorithm is the launcher's: ray_grpo and "
-           "ray_dapo run under pretrain_grpo.py, ray_ppo under pretrain_ppo.py"),
+           "ray_dapo run under pretrain_grpo.py, ray_ppo under pretrain_ppo.py, dpo under "
+           "pretrain_dpo.py"),
     *_na(MEGATRON, "tokenizer_type", "tokenizers are Hugging Face tokenizers",
          _one_of("PretrainedFromHF", "HuggingFaceTokenizer", None), "PretrainedFromHF"),
     *_na(MEGATRON, "distributed_backend", "the platform picks it (hccl / nccl / gloo)"),
@@ -191,8 +192,12 @@ ROWS: list[KeyRow] = [
          "changes the run", _off, "false"),
     *_na(MEGATRON, "dataset_additional_keys", "the answers of a MindSpeed-RL packed dataset are "
          "read from its labels field; other fields are not used"),
-    *_na(MEGATRON, "is_instruction_dataset is_pairwise_dataset skip_train do_sample use_kv_cache "
+    *_na(MEGATRON, "is_instruction_dataset skip_train do_sample use_kv_cache "
          "load_checkpoint_loosely", "not used by GRPO here", _off, "false"),
+    *_same(MEGATRON, "is_pairwise_dataset dpo_loss_type dpo_beta dpo_label_smoothing pref_ftx "
+           "refer_model_iter", "megatron_training"),
+    KeyRow(MEGATRON, "ref_model", TRANSLATED, "-> ref_config.load: the reference's "
+           "checkpoint (null: the weights the actor starts from)"),
     *_na(MEGATRON, "attention_dropout hidden_dropout", "the policy trains without dropout here",
          _one_of(0.0, None), "0.0"),
     *_na(MEGATRON, "init_method_std", "weights are loaded, never initialised for training"),
@@ -212,8 +217,6 @@ ROWS: list[KeyRow] = [
            "actor_config"),
     KeyRow(MEGATRON, "lora_filter", TRANSLATED, "-> actor_config.lora_ckpt_filter (the name "
            "MindSpeed-RL's LoRA guide uses)"),
-    *_na(MEGATRON, "dpo_loss_type ref_model refer_model_iter", "DPO settings; not used by "
-         "GRPO"),
     *_na(MEGATRON, "log_interval log_throughput eval_interval eval_iters "
          "enable_high_availability num_workers dataloader_type", _LOGGING),
     *_same(MEGATRON, "prompt_type", "megatron_training"),

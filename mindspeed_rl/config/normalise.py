@@ -447,21 +447,28 @@ def _translate_dapo(out: Normalised, problems: list, translated: dict) -> None:
                            f"rl_config.gen_batch_size={show_value(gbs)} (prompts per round)")
 
 
-def _translate_lora_filter(out: Normalised, problems: list, translated: dict) -> None:
-    """MindSpeed-RL's guide writes lora_filter; its configs and code read lora_ckpt_filter."""
-    lora_filter = translated.pop("lora_filter", None)
-    if lora_filter is None:
-        return
-    actor = out.sections["actor_config"]
-    dotted, value = lora_filter
-    if actor.get("lora_ckpt_filter", value) != value:
-        problems.append(ConfigError(dotted, f"contradicts actor_config.lora_ckpt_filter="
-                                    f"{show_value(actor['lora_ckpt_filter'])}",
-                                    "keep one of them", value=value))
-    else:
-        actor["lora_ckpt_filter"] = value
-        out.notices.append(f"{dotted}={show_value(value)}: translated to "
-                           "actor_config.lora_ckpt_filter")
+# Keys renamed into a schema key: MindSpeed-RL's guide writes lora_filter (its configs and
+# code read lora_ckpt_filter); MindSpeed-LLM's DPO names the reference's checkpoint ref_model.
+_RENAMED = {"lora_filter": ("actor_config", "lora_ckpt_filter"),
+            "ref_model": ("ref_config", "load")}
+
+
+def _translate_renamed(out: Normalised, problems: list, translated: dict) -> None:
+    """Each key of ``_RENAMED`` written into its schema key (refused when both disagree)."""
+    for key, (section_name, name) in _RENAMED.items():
+        item = translated.pop(key, None)
+        if item is None:
+            continue
+        section = out.sections[section_name]
+        dotted, value = item
+        if section.get(name, value) != value:
+            problems.append(ConfigError(dotted, f"contradicts {section_name}.{name}="
+                                        f"{show_value(section[name])}",
+                                        "keep one of them", value=value))
+        else:
+            section[name] = value
+            out.notices.append(f"{dotted}={show_value(value)}: translated to "
+                               f"{section_name}.{name}")
 
 
 def _translate_workers(out: Normalised, problems: list, translated: dict) -> None:
@@ -588,7 +595,7 @@ def _translate(out: Normalised, problems: list, translated: dict) -> None:
     _translate_workers(out, problems, translated)
     _translate_history(out, problems, translated)
     _translate_dapo(out, problems, translated)
-    _translate_lora_filter(out, problems, translated)
+    _translate_renamed(out, problems, translated)
     mt, actor = out.sections["megatron_training"], out.sections["actor_config"]
     if "model" not in mt and len(out.defaults_models) == 1:
         mt["model"] = out.defaults_models[0]

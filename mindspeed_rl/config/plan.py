@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from mindspeed_rl.algorithms.phase_names import ROLLOUT
 from mindspeed_rl.config.batch_plan import BatchPlan, packing_budgets
 from mindspeed_rl.config.config_error import ConfigError
 from mindspeed_rl.config.layout_notes import layout_notes
@@ -57,7 +58,9 @@ class Plan:
     # the layout in words: uneven pipeline stages, where the experts live (training and vLLM)
     layout_notes: tuple[str, ...] = ()
     phases: tuple[str, ...] = ()       # the phases the job runs, in order
-    rollout: str = ""                  # the composed rollout, in words
+    rollout: str = ""                  # the composed rollout, in words ("" without one)
+    pairs: bool = False                # rows are preference pairs (DPO)
+    engine: bool = True                # a vLLM engine is built
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready) of every number the table shows."""
@@ -135,13 +138,16 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 memory_bytes=memory, phase_bytes=phase_bytes(g, memory),
                 labels=memory_labels(config, layout),
                 weights=tuple(weight_lines(m.hf_dir, a.load, config.ref_config.load,
-                                           a.finetune, rl.init_kl_coef > 0,
+                                           a.finetune, config.features.reference,
                                            shared=rl.share_backbone)
                        + reference_layout_lines(config, world_size)
                        + _teacher_lines(config, world_size)),
                 notices=config.notices, warnings=config.warnings,
                 micro_batch_phases=tuple(packing_budgets(config)),
-                phases=config.features.phases, rollout=config.features.rollout.describe(),
+                phases=config.features.phases,
+                rollout=(config.features.rollout.describe() if ROLLOUT in config.features.phases
+                         else ""),
+                pairs=config.features.pairs, engine=config.features.engine,
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
                                             if g.enable_expert_parallel and m.is_moe else None),
                 layout_notes=tuple(layout_notes(config, layout)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from mindspeed_rl.config.preference import PAIR
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.rank_parameters import padded_vocab_size, params_per_rank
 from mindspeed_rl.config.schema import RLJobConfig
@@ -88,11 +89,12 @@ def memory_bytes(config: RLJobConfig, layout: ParallelLayout,
         "actor_grads": (adapters or train_params) * 4,
         "actor_optimizer": optimizer,
         "reference_params": (train_params * train_bytes
-                             if rl.init_kl_coef > 0 and not rl.share_backbone else 0),
-        "vllm_weights": parameters["generation_per_rank"] * infer_bytes,
-        "kv_cache": (g.max_num_seqs * g.max_model_len * m.num_hidden_layers
-                     * _kv_entries_per_token_and_layer(config, layout) * infer_bytes),
+                             if config.features.reference and not rl.share_backbone else 0),
     }
+    if config.features.engine:  # a job that never generates builds no vLLM engine
+        memory["vllm_weights"] = parameters["generation_per_rank"] * infer_bytes
+        memory["kv_cache"] = (g.max_num_seqs * g.max_model_len * m.num_hidden_layers
+                              * _kv_entries_per_token_and_layer(config, layout) * infer_bytes)
     memory.update(_activation_bytes(config, layout))
     if config.critic_config is not None:
         # Same body as the actor; its scalar head is negligible next to the LM head it lacks.
@@ -106,9 +108,12 @@ def memory_bytes(config: RLJobConfig, layout: ParallelLayout,
 
 def update_micro_batch_tokens(config: RLJobConfig) -> int:
     """Tokens of the largest update micro-batch: the packing budget with use_dynamic_bsz,
-    else micro_batch_size rows of the longest prompt + response."""
+    else micro_batch_size rows of the longest prompt + response (DPO: micro_batch_size
+    pairs of two sequences of up to seq_length tokens)."""
     rl = config.rl_config
     longest = rl.max_prompt_length + config.features.response_limit
+    if config.features.pairs:
+        longest = PAIR * config.megatron_training.seq_length
     if rl.use_dynamic_bsz:
         budget = rl.update_max_packing_token_size or rl.max_packing_token_size
         if budget:
@@ -165,6 +170,8 @@ def phase_bytes(g, memory: dict[str, int]) -> dict[str, int]:
     kept = (0 if g.offload_train_param else memory["actor_params"]) + (
         0 if g.offload_train_grad else memory["actor_grads"]) + (
         0 if g.offload_train_optimizer else memory["actor_optimizer"])
+    if "vllm_weights" not in memory:  # no engine
+        return {"training_phase": training}
     return {
         "training_phase": training,
         "generation_phase": memory["vllm_weights"] + memory["kv_cache"] + kept,

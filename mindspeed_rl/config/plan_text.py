@@ -29,14 +29,16 @@ def format_plan(plan: Plan, header: str | None = None) -> str:
     lines += _model_lines(plan.model) + _layout_lines(plan)
     lines += ["initial weights"] + [f"  {line}" for line in plan.weights] + [""]
     if plan.phases:
-        lines += [f"phases: {' -> '.join(plan.phases)}", plan.rollout, ""]
-    rows = _sample_rows(plan.samples)
+        lines += [f"phases: {' -> '.join(plan.phases)}", *([plan.rollout] if plan.rollout
+                                                          else []), ""]
+    rows = _pair_rows(plan.samples) if plan.pairs else _sample_rows(plan.samples)
     # one label column for the samples, micro-batches and parameters tables
     width = max(len(label) for label, _ in rows) + 2
     lines.append("samples per iteration")
     lines += [f"  {label:<{width}}{value:>8,}" for label, value in rows]
     lines.append("")
-    lines += _micro_batch_lines(plan, width) + _parameter_lines(plan.parameters, width)
+    lines += _micro_batch_lines(plan, width) + _parameter_lines(plan.parameters, width,
+                                                                plan.engine)
     lines += _memory_lines(plan)
     if plan.notices:
         lines += ["", f"MindSpeed-RL keys translated, or accepted without effect here "
@@ -53,18 +55,19 @@ def _model_lines(model: dict) -> list[str]:
 
 
 def _layout_lines(plan: Plan) -> list[str]:
-    """The training and generation layouts, one row each, and the layout in words."""
+    """The training and generation (when a vLLM engine is built) layouts, one row each,
+    and the layout in words."""
     lay = plan.layout
     sp = "on" if lay.sequence_parallel else "off"
+    generation = [f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {'-':>4} {1:>4} "
+                  f"{lay.infer_data_parallel_size:>4} "
+                  f"{plan.infer_expert_parallel_size or '-':>4}    -"] if plan.engine else []
     return ["layouts                  TP   CP   PP   DP   EP   SP",
             f"  training (megatron)  {lay.tensor_model_parallel_size:>4} "
             f"{lay.context_parallel_size:>4} "
             f"{lay.pipeline_model_parallel_size:>4} {lay.data_parallel_size:>4} "
             f"{lay.expert_model_parallel_size:>4} {sp:>4}",
-            f"  generation (vLLM)    {lay.infer_tensor_parallel_size:>4} {'-':>4} {1:>4} "
-            f"{lay.infer_data_parallel_size:>4} "
-            f"{plan.infer_expert_parallel_size or '-':>4}    -",
-            *(f"  {line}" for line in plan.layout_notes), ""]
+            *generation, *(f"  {line}" for line in plan.layout_notes), ""]
 
 
 def _sample_rows(s: dict[str, int]) -> list[tuple[str, int]]:
@@ -99,6 +102,20 @@ def _sample_rows(s: dict[str, int]) -> list[tuple[str, int]]:
     return rows
 
 
+def _pair_rows(s: dict[str, int]) -> list[tuple[str, int]]:
+    """The samples table of a DPO job: pairs, their two rows each, one optimizer step."""
+    return [
+        ("pairs (megatron_training.global_batch_size)", s["prompts_per_iteration"]),
+        ("rows (chosen + rejected)", s["responses_per_iteration"]),
+        ("rows per training-DP rank (whole pairs)", s["responses_per_training_dp_rank"]),
+        ("optimizer steps per iteration", s["optimizer_steps_per_iteration"]),
+        ("micro-batches per step (actor_config.micro_batch_size pairs)",
+         s["micro_batches_per_mini_batch"]),
+        ("ref log-prob forward micro-batches per training-DP rank",
+         s["ref_logprob_micro_batches_per_training_dp_rank"]),
+    ]
+
+
 def _micro_batch_lines(plan: Plan, width: int) -> list[str]:
     """Each micro-batch phase's layout, when one packs rows or has a token budget."""
     layouts = {phase: m for phase, m in plan.batch.micro_batching.items()
@@ -109,12 +126,13 @@ def _micro_batch_lines(plan: Plan, width: int) -> list[str]:
             *(f"  {phase:<{width}}{m.describe():>8}" for phase, m in layouts.items()), ""]
 
 
-def _parameter_lines(p: dict[str, int], width: int) -> list[str]:
+def _parameter_lines(p: dict[str, int], width: int, engine: bool) -> list[str]:
     return ["parameters per rank (heaviest pipeline stage)",
             f"  {'training (actor, reference)':<{width}}{p['training_per_rank']:>14,}",
             *([f"  {'LoRA adapters (trained)':<{width}}{p['adapter_per_rank']:>14,}"]
               if p.get("adapter_per_rank") else []),
-            f"  {'generation (vLLM)':<{width}}{p['generation_per_rank']:>14,}", ""]
+            *([f"  {'generation (vLLM)':<{width}}{p['generation_per_rank']:>14,}"]
+              if engine else []), ""]
 
 
 def _memory_lines(plan: Plan) -> list[str]:

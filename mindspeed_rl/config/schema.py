@@ -83,6 +83,25 @@ class MegatronTrainingConfig:
     test_interval: int = setting(0, "iterations between evaluations on test_data_path; 0 = never")
     num_test_prompts: int | None = setting(None, "prompts per evaluation; null = the whole test "
                                                  "set")
+    # DPO (pretrain_dpo.py; MindSpeed-LLM's names and defaults, as MindSpeed-RL's DPO
+    # configs give them in this section)
+    is_pairwise_dataset: bool = setting(False, (
+        "data_path holds preference pairs (prompt, chosen, rejected): DPO's data, trained "
+        "by pretrain_dpo.py (which needs it true)"))
+    dpo_loss_type: Literal["sigmoid", "hinge", "ipo"] = setting("sigmoid", (
+        "DPO's loss per pair: sigmoid (DPO, with dpo_label_smoothing: cDPO), hinge (SLiC), "
+        "ipo (IPO, on length-averaged log-probs)"))
+    dpo_beta: float = setting(0.1, "DPO's beta: the implicit reward's scale (IPO: its tau)")
+    dpo_label_smoothing: float = setting(0.0, (
+        "cDPO: the probability that a pair's preference label is flipped, in [0, 0.5); "
+        "sigmoid loss only"))
+    pref_ftx: float = setting(0.0, (
+        "DPO: coefficient of an SFT term added to the loss (the chosen response's mean "
+        "negative log-prob)"))
+    refer_model_iter: int = setting(1, (
+        "MindSpeed-LLM: the iteration of ref_model's checkpoint a resumed DPO run reloads the "
+        "reference from; here every checkpoint records the reference's weights' source and a "
+        "resumed run reloads exactly those, so only 1 (the initial weights) is accepted"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +142,8 @@ class ActorConfig(OptimizerKeys):
             "heads must divide by TP x CP). MindSpeed-RL's default is ulysses_cp_algo"))
     attention_mask_type: str = setting("causal", (
         "the attention mask under context parallelism; only causal (each packed row attends "
-        "to its own earlier tokens) is built"))
+        "to its own earlier tokens) is built; general (MindSpeed's mask given with the data) "
+        "is accepted without context parallelism, where it changes nothing"))
     load: str | None = setting(None, "Megatron checkpoint directory to start from "
                                      "(tools/convert_ckpt.py output or an earlier save); null = "
                                      "the HF weights of megatron_training.model", path=True)

@@ -9,7 +9,8 @@ Formats ``load_pair_dataset`` reads (``path``):
   ========  ===============  =========================================================
   target    default column   meaning
   ========  ===============  =========================================================
-  prompt    ``instruction``  the user's request (required unless ``query`` gives it)
+  prompt    ``instruction``  the user's request (required unless ``query`` gives it;
+                             ``prompt`` when the file has no ``instruction`` column)
   query     ``input``        optional, appended to the prompt after a newline
   system    (none)           optional system message, put first
   history   (none)           optional earlier turns ``[[user, assistant], ...]``
@@ -91,6 +92,8 @@ def pair_columns(file: str, columns: list[str],
     # the responses first: a prompt file given to DPO is told it has none
     for target in sorted(DEFAULT_MAP_KEYS, key=lambda t: t not in _RESPONSES):
         default = DEFAULT_MAP_KEYS[target]
+        if target == "prompt" and default not in columns and "prompt" in columns:
+            default = "prompt"  # this project's prompt files name it so (prompt_key)
         column = map_keys.get(target, default) or None
         if column is not None and not isinstance(column, str):
             raise ValueError(f"map_keys.{target} must be a column name or \"\", got {column!r}")

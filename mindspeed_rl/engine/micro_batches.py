@@ -40,7 +40,7 @@ LOSS_MASK = "response_mask"
 ROUTING = "routed_experts"
 
 __all__ = ["LOSS_MASK", "ROUTING", "MicroBatch", "MicroBatching", "RowBatch", "build_micro_batch", "make_micro_batches",
-           "min_micro_batches", "plan_micro_batches"]
+           "min_micro_batches", "plan_micro_batches", "unit_lengths"]
 
 @dataclass
 class RowBatch:
@@ -310,23 +310,36 @@ def build_micro_batch(batch: RowBatch, rows: Sequence[int], *, packed: bool,
                       computed_tokens=b * S, routing=routing)
 
 
+def unit_lengths(batch: RowBatch, rows_per_unit: int = 1) -> list[int]:
+    """The tokens of each unit the planner places whole: a row, or ``rows_per_unit``
+    consecutive rows (DPO's pairs: a chosen and a rejected row side by side)."""
+    lengths = batch.lengths()
+    if len(lengths) % rows_per_unit:
+        raise ValueError(f"{len(lengths)} rows do not split into units of {rows_per_unit}")
+    return [sum(lengths[i:i + rows_per_unit]) for i in range(0, len(lengths), rows_per_unit)]
+
+
 def make_micro_batches(batch: RowBatch, micro_batching: "int | MicroBatching",
                        count: int | None = None, pad_id: int = 0,
-                       pad_multiple: int = 1, row_multiple: int = 1) -> list[MicroBatch]:
+                       pad_multiple: int = 1, row_multiple: int = 1,
+                       rows_per_unit: int = 1) -> list[MicroBatch]:
     """The micro-batches of ``batch`` (``count`` of them: see :func:`plan_micro_batches`).
 
     A plain int ``micro_batching`` is today's layout: ``micro_batch_size`` rows per
     micro-batch (missing rows are empty, mask 0), every micro-batch as long as the
     longest row of the whole batch (the pipeline schedule then sees one shape).
+    ``rows_per_unit`` > 1: consecutive rows stay in one micro-batch (a DPO pair), the plan
+    counts units (``micro_batch_size`` units of ``rows_per_unit`` rows each).
     """
     spec = MicroBatching.of(micro_batching)
-    groups = plan_micro_batches(batch.lengths(), spec, count)
+    units = plan_micro_batches(unit_lengths(batch, rows_per_unit), spec, count)
+    groups = [[u * rows_per_unit + k for u in g for k in range(rows_per_unit)] for g in units]
     if not spec.dynamic and not spec.packed:
         seq_len = max(batch.lengths(), default=1)
         resp_len = max((len(r) for r in batch.responses), default=1) or 1
         return [build_micro_batch(batch, g, packed=False, seq_len=seq_len, resp_len=resp_len,
-                                  num_sequences=spec.micro_batch_size, pad_id=pad_id,
-                                  pad_multiple=pad_multiple) for g in groups]
+                                  num_sequences=spec.micro_batch_size * rows_per_unit,
+                                  pad_id=pad_id, pad_multiple=pad_multiple) for g in groups]
     return [build_micro_batch(batch, g, packed=spec.packed, pad_id=pad_id,
                               pad_multiple=pad_multiple, row_multiple=row_multiple)
             for g in groups]

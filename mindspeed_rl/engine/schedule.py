@@ -24,7 +24,8 @@ import torch.distributed as dist
 from mindspeed_rl.engine.cp_micro_batch import ContextParallelOutputs, local_inputs
 from mindspeed_rl.engine.efficiency import count_tokens
 from mindspeed_rl.engine.micro_batches import (MicroBatch, MicroBatching, RowBatch,
-                                                make_micro_batches, min_micro_batches)
+                                                make_micro_batches, min_micro_batches,
+                                                unit_lengths)
 from mindspeed_rl.engine.packing import ROWS, packed_inputs
 from mindspeed_rl.parallel.context_parallel import row_multiple
 from mindspeed_rl.parallel.groups import context_parallel
@@ -66,11 +67,12 @@ def _response_hook(model) -> _ResponseOutputsOnly:
     return hook
 
 
-def micro_batches_for(model, batch: RowBatch,
-                      micro_batching: "int | MicroBatching") -> list[MicroBatch]:
+def micro_batches_for(model, batch: RowBatch, micro_batching: "int | MicroBatching",
+                      rows_per_unit: int = 1) -> list[MicroBatch]:
     """This DP rank's micro-batches of ``batch`` for ``model``; with a token budget the DP
     ranks first agree on the count (the largest any of them needs), since the pipeline
-    schedule and the gradient all-reduce need every rank to run the same number."""
+    schedule and the gradient all-reduce need every rank to run the same number.
+    ``rows_per_unit``: consecutive rows kept in one micro-batch (DPO's pairs)."""
     from megatron.core import parallel_state as ps
 
     spec = MicroBatching.of(micro_batching)
@@ -81,7 +83,8 @@ def micro_batches_for(model, batch: RowBatch,
         spec = replace(spec, similar_lengths=True)  # rows side by side in attention
     count = None
     if spec.dynamic:
-        t = torch.tensor([min_micro_batches(batch.lengths(), spec)], dtype=torch.int64)
+        t = torch.tensor([min_micro_batches(unit_lengths(batch, rows_per_unit), spec)],
+                         dtype=torch.int64)
         if ps.get_data_parallel_world_size() > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
         count = int(t.item())
@@ -89,7 +92,8 @@ def micro_batches_for(model, batch: RowBatch,
     tp = ps.get_tensor_model_parallel_world_size() if model.config.sequence_parallel else 1
     # Context parallelism cuts every row into 2 x CP chunks (each split again over TP by SP).
     return make_micro_batches(batch, spec, count, pad_multiple=tp,
-                              row_multiple=row_multiple(cp, tp) if cp > 1 else 1)
+                              row_multiple=row_multiple(cp, tp) if cp > 1 else 1,
+                              rows_per_unit=rows_per_unit)
 
 
 def run_schedule(ddp_or_model, model, micro: list[MicroBatch], loss_fn: Callable,

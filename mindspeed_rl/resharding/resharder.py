@@ -64,7 +64,8 @@ class Resharder:
         self.stream = WeightStream(
             model, weight_map, groups or TrainingGroups.from_megatron(), bucket_bytes, self.ledger,
             platform.device(), source=self.swapper.host_view)
-        self.gen_weight_bytes = engine.weight_bytes()
+        # no engine: a job that never generates (DPO without evaluation) keeps the ledger
+        self.gen_weight_bytes = engine.weight_bytes() if engine is not None else 0
         self.in_generation = False
 
     # ---- helpers ---------------------------------------------------------------------

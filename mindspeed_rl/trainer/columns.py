@@ -55,15 +55,17 @@ _FORWARDS = (names.REWARD_MODEL, names.VALUES, names.OLD_LOG_P, names.REFERENCE_
              names.TEACHER_MODEL)
 # A rollout that carries rows (partial rollout) reads back the unfinished rows it wrote.
 _R = (names.ROLLOUT,)
+_PAIRS = (names.PAIRS,)  # DPO: the pairs of the data set, two rows per pair
 COLUMNS: dict[str, Column] = {c.name: c for c in (
-    Column("prompt_ids", torch.int64, "[P]", _R,
-           _R + _FORWARDS + (names.CRITIC_UPDATE, names.UPDATE), "prompt token ids"),
-    Column("response_ids", torch.int64, "[R]", _R,
+    Column("prompt_ids", torch.int64, "[P]", _R + _PAIRS,
+           _R + _FORWARDS + (names.CRITIC_UPDATE, names.UPDATE, names.PREFERENCE_UPDATE),
+           "prompt token ids"),
+    Column("response_ids", torch.int64, "[R]", _R + _PAIRS,
            _R + (names.REWARD, names.ADV, names.DISCOUNTED_RETURNS, names.GAE, names.DISTILL_ADV)
            + _FORWARDS
-           + (names.CRITIC_UPDATE, names.UPDATE),
+           + (names.CRITIC_UPDATE, names.UPDATE, names.PREFERENCE_UPDATE),
            "response token ids (the reward decodes them; the advantage phases take their "
-           "length)"),
+           "length; DPO: the chosen or the rejected response)"),
     Column("logprobs_rollout", torch.float32, "[R]", _R, _R + (names.UPDATE,),
            "the rollout engine's log-prob of each sampled token: the behaviour policy "
            "(rollout-training mismatch, off-policy correction)"),
@@ -93,10 +95,13 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
            "trained)", PARTIAL_ROLLOUT),
     Column("num_segments", torch.int64, "[]", _R, _R + (names.UPDATE,),
            "partial rollout: rollout passes that generated the row's tokens", PARTIAL_ROLLOUT),
-    Column("group_id", torch.int64, "[]", _R, _R + (names.DYNAMIC_SAMPLING, names.ADV),
-           "unique id of the prompt's group of n samples (grows across iterations)"),
-    Column("sample_idx", torch.int64, "[]", _R, _R + (names.ADV,),
-           "which of the n samples of its group the row is"),
+    Column("group_id", torch.int64, "[]", _R + _PAIRS,
+           _R + (names.DYNAMIC_SAMPLING, names.ADV, names.PREFERENCE_UPDATE),
+           "unique id of the prompt's group of n samples (grows across iterations; DPO: "
+           "of the pair)"),
+    Column("sample_idx", torch.int64, "[]", _R + _PAIRS, _R + (names.ADV,
+                                                               names.PREFERENCE_UPDATE),
+           "which of the n samples of its group the row is (DPO: 0 chosen, 1 rejected)"),
     Column("rm_scores", torch.float32, "[]", (names.REWARD_MODEL,), (names.REWARD,),
            "the reward model's score of the whole response"),
     Column("rewards", torch.float32, "[]", (names.REWARD,),
@@ -112,8 +117,8 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
            (names.DISCOUNTED_RETURNS, names.GAE, names.DISTILL_ADV, names.UPDATE),
            "the actor's log-probs before this iteration's first optimizer step"),
     Column("logprobs_ref", torch.float32, "[R]", (names.REFERENCE_MODEL,),
-           (names.DISCOUNTED_RETURNS, names.GAE, names.UPDATE),
-           "the reference model's log-probs (KL)"),
+           (names.DISCOUNTED_RETURNS, names.GAE, names.UPDATE, names.PREFERENCE_UPDATE),
+           "the reference model's log-probs (KL; DPO's reference term)"),
     Column("logprobs_teacher", torch.float32, "[R]", (names.TEACHER_MODEL,), (names.DISTILL_ADV,),
            "on-policy distillation: the teacher's log-probs of the sampled tokens"),
     Column("advantages", torch.float32, "[R]", (names.ADV, names.DISCOUNTED_RETURNS, names.GAE,

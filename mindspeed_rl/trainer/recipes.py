@@ -9,6 +9,7 @@ asks for, ``mindspeed_rl/config/features.py``).
           -> [teacher -> distill adv] -> actor update
     PPO:  [reshard -> rollout -> reshard -> [reward model] -> reward] -> values
           -> [old log-probs] -> [reference] -> GAE -> critic update -> actor update
+    DPO:  [pairs] -> reference -> preference update
 
 The outer brackets are the generation round: the trainer repeats those phases until the
 batch is ready (a round-closing phase such as DAPO's dynamic sampling may ask for
@@ -29,10 +30,12 @@ from typing import Callable
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.algorithms.phase_names import (ADV, CRITIC_UPDATE, DISCOUNTED_RETURNS,
                                                  DISTILL_ADV, DYNAMIC_SAMPLING, GAE, OLD_LOG_P,
+                                                 PAIRS, PREFERENCE_UPDATE,
                                                  REFERENCE_MODEL, RESHARDING_TO_INFER,
                                                  RESHARDING_TO_TRAIN, REWARD, REWARD_MODEL,
                                                  ROLLOUT, TEACHER_MODEL, UPDATE, VALUES)
 from mindspeed_rl.trainer import phases as p
+from mindspeed_rl.trainer import preference
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Phase:
 # One line per phase: its function and whether it belongs to the generation round. The
 # order phases run in is each family's (mindspeed_rl/algorithms/).
 PHASES: dict[str, Phase] = {phase.name: phase for phase in (
+    Phase(PAIRS, preference.pairs, generation=True),
     Phase(RESHARDING_TO_INFER, p.resharding_to_infer, generation=True),
     Phase(ROLLOUT, p.rollout, generation=True),
     Phase(RESHARDING_TO_TRAIN, p.resharding_to_train, generation=True),
@@ -61,14 +65,18 @@ PHASES: dict[str, Phase] = {phase.name: phase for phase in (
     Phase(GAE, p.advantages),
     Phase(CRITIC_UPDATE, p.critic_update),
     Phase(UPDATE, p.actor_update),
+    Phase(PREFERENCE_UPDATE, preference.preference_update),
 )}
 
 
 def recipes() -> dict[str, tuple[str, ...]]:
-    """Every registered (family, estimator) pair's phase names, keyed ``family/estimator``
-    (what the column contract is checked against)."""
-    return {f"{a.name}/{e.name}": registry.phases(a.name, e.name)
-            for a in registry.algorithms() for e in registry.estimators(a.name)}
+    """Every registered (family, estimator) pair's phase names, keyed ``family/estimator``,
+    and each family without advantages under its name (what the column contract is
+    checked against)."""
+    return {**{f"{a.name}/{e.name}": registry.phases(a.name, e.name)
+               for a in registry.algorithms() for e in registry.estimators(a.name)},
+            **{a.name: registry.phases(a.name, None) for a in registry.algorithms()
+               if a.default_estimator is None}}
 
 
 def phases_of(config) -> tuple[Phase, ...]:

@@ -71,7 +71,8 @@ class Roles:
     def shutdown(self) -> None:
         if self.agent is not None:
             self.agent.close()
-        self.rollout.shutdown()
+        if self.rollout is not None:
+            self.rollout.shutdown()
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def build_roles(config, plan, platform, arch, model_dir: str, *, start) -> Roles
     if features.reward_model:  # refused from its files, before any model is built
         rm_arch = reward_model_architecture(config.reward_config.load, arch, model_dir)
     actor = build_actor(config.actor_config, env, start)
-    rollout = build_rollout(config, model_dir, platform)
+    rollout = build_rollout(config, model_dir, platform) if features.engine else None
     resharder = build_resharder(config.generate_config, actor, rollout, env, platform)
     roles = Roles(actor=actor, rollout=rollout, resharder=resharder)
     env = dataclasses.replace(env, ledger=resharder.ledger)

@@ -215,12 +215,14 @@ class RLTrainer(Stateful):
         out = {
             "throughput/e2e_tokens_per_s_per_device":
                 (m.pop("tokens/prompt") + m["tokens/response"]) / m["timing/all"] / self.world,
-            "throughput/rollout_tokens_per_s_per_device":
-                m.pop("tokens/response") / m["timing/rollout"] / self.world,
             "transfer_dock/row_bytes_received": float(dock.row_bytes_received),
             "transfer_dock/seconds": dock.seconds_put + dock.seconds_get,
             "transfer_dock/collectives": float(dock.num_collectives),
         }
+        response = m.pop("tokens/response")
+        if "timing/rollout" in m:  # DPO reads its responses from the data
+            out["throughput/rollout_tokens_per_s_per_device"] = (
+                response / m["timing/rollout"] / self.world)
         self.flow.dock.reset_metrics()
         return out
 
@@ -310,16 +312,21 @@ def _model(config):
 
 def prompt_datasets(config, tokenizer):
     """(the training prompts, the test prompts or None) as the job reads them: templated
-    (with the tools described for ``prompt_type: qwen_retool``), tokenized, length-filtered."""
+    (with the tools described for ``prompt_type: qwen_retool``), tokenized, length-filtered;
+    a DPO job's training data are its preference pairs."""
     from mindspeed_rl.data import load_prompt_dataset
 
     mt, rl = config.megatron_training, config.rl_config
     tools = _tool_prompt(config)
     # MindSpeed-RL reads prompts cut to seq_length (the plan warns when that cuts any)
     cut_to = mt.seq_length if mt.seq_length < rl.max_prompt_length else None
-    train = load_prompt_dataset(mt.data_path, tokenizer, rl.max_prompt_length,
-                                prompt_key=mt.prompt_key, answer_key=mt.answer_key, seed=mt.seed,
-                                shuffle=not mt.no_shuffle, tools=tools, cut_to=cut_to)
+    if config.features.pairs:  # DPO: preference pairs (its test set holds prompts)
+        train = pair_dataset(config, tokenizer)
+    else:
+        train = load_prompt_dataset(mt.data_path, tokenizer, rl.max_prompt_length,
+                                    prompt_key=mt.prompt_key, answer_key=mt.answer_key,
+                                    seed=mt.seed, shuffle=not mt.no_shuffle, tools=tools,
+                                    cut_to=cut_to)
     test = None
     if mt.test_data_path:
         test = load_prompt_dataset(mt.test_data_path, tokenizer, rl.max_prompt_length,
@@ -328,6 +335,15 @@ def prompt_datasets(config, tokenizer):
                                    data_path_key="megatron_training.test_data_path", tools=tools,
                                    cut_to=cut_to)
     return train, test
+
+
+def pair_dataset(config, tokenizer):
+    """DPO's training pairs: templated prompts, chosen and rejected responses."""
+    from mindspeed_rl.data import load_pair_dataset
+
+    mt = config.megatron_training
+    return load_pair_dataset(mt.data_path, tokenizer, mt.seq_length, seed=mt.seed,
+                             shuffle=not mt.no_shuffle)
 
 
 def _tool_prompt(config):

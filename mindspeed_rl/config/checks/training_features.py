@@ -84,8 +84,12 @@ def _check_training_keys(config: RLJobConfig) -> None:
 def _check_context_parallel(config: RLJobConfig) -> None:
     """Context parallelism's own keys (its divisibilities are the layout's: plan.py)."""
     a = config.actor_config
-    require(a.attention_mask_type == "causal", "actor_config.attention_mask_type",
-            a.attention_mask_type, "only causal attention is built here (each packed row "
+    # MindSpeed reads it only for its context-parallel attention: general (a mask given
+    # with the data) changes nothing without context parallelism.
+    require(a.attention_mask_type in ("causal", "general") and (
+        a.attention_mask_type == "causal" or a.context_parallel_size == 1),
+            "actor_config.attention_mask_type", a.attention_mask_type,
+            "only causal attention is built here under context parallelism (each packed row "
             "attends to its own earlier tokens)", "use attention_mask_type: causal")
     require(a.context_parallel_size >= 1, "actor_config.context_parallel_size",
             a.context_parallel_size, "must be a positive integer", "use 1 (no context "

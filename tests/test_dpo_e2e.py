@@ -54,7 +54,8 @@ def runs(assets):
                   "generate_config.sampling_config.max_tokens=16")
     resumed_from = stopped_at(ckpt, 1, assets["root"] / "ckpt_at_1")
     out = {"dp2": base,
-           "tp2": launch(assets, "tp2", "actor_config.tensor_model_parallel_size=2"),
+           "tp2": launch(assets, "tp2", "actor_config.tensor_model_parallel_size=2",
+                         "megatron_training.sequence_parallel=true"),
            "pp2": launch(assets, "pp2", "actor_config.pipeline_model_parallel_size=2",
                          "rl_config.use_remove_padding=true"),
            "resumed": launch(assets, "resumed", f"actor_config.load={resumed_from}",

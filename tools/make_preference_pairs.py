@@ -23,6 +23,9 @@ import os
 import sys
 
 
+_CHUNK = 32  # prompts per generate call (the progress bar's step)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -69,6 +72,7 @@ def _sample(args, rank: int, world: int) -> list[dict]:
 
     from mindspeed_rl.config.schema import SamplingConfig
     from mindspeed_rl.data import load_prompt_dataset
+    from mindspeed_rl.metrics import rank0_progress
     from mindspeed_rl.rewards import compute_rewards
     from mindspeed_rl.rollout import RolloutEngine
 
@@ -82,17 +86,25 @@ def _sample(args, rank: int, world: int) -> list[dict]:
                            max_model_len=args.max_prompt_length + args.max_tokens,
                            gpu_memory_utilization=0.05, seed=args.seed)
     sampling = SamplingConfig(temperature=args.temperature, max_tokens=args.max_tokens)
-    result = engine.generate([i.prompt_ids for i in items], args.samples, sampling,
-                             seeds=[args.seed + i.source_row for i in items], use_tqdm=True)
+    completions = []  # per prompt, its samples; in chunks, for the progress bar
+    with rank0_progress(total=len(items) * world, desc="sampling", unit="prompt",
+                        rank=rank) as bar:
+        for start in range(0, len(items), _CHUNK):
+            chunk = items[start:start + _CHUNK]
+            completions += engine.generate([i.prompt_ids for i in chunk], args.samples,
+                                           sampling,
+                                           seeds=[args.seed + i.source_row for i in chunk]
+                                           ).completions
+            bar.update(len(chunk) * world)
     names = args.verifiers.split(",")
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True)
-             for group in result.completions for c in group]
+             for group in completions for c in group]
     answers = [i.answer for i in items for _ in range(args.samples)]
     _, per_verifier = compute_rewards(texts, answers, names, [1.0] * len(names))
     first = per_verifier[names[0]].view(len(items), args.samples).tolist()
     engine.shutdown()
     prompts = [_Prompt(raw[i.source_row], i.answer) for i in items]
-    return pairs_of(prompts, result.completions, first, tokenizer)
+    return pairs_of(prompts, completions, first, tokenizer)
 
 
 class _Prompt:
@@ -110,6 +122,9 @@ def _raw_prompts(args) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from mindspeed_rl.metrics.console import quiet_known_noise
+
+    quiet_known_noise()  # before vLLM is imported
     import torch.distributed as dist
 
     from mindspeed_rl.parallel.groups import init_distributed

@@ -9,6 +9,7 @@ Default: one PNG per group, skipping groups with no data —
   timings.png     timing/* (one line per phase; timing/all dashed)
   loss.png        actor/pg_loss, actor/entropy, actor/grad_norm (one panel per key)
   critic.png      critic/vf_loss, critic/explained_variance, critic/vpred_mean (PPO)
+  preference.png  DPO: actor/loss, rewards/accuracies, /margins, /chosen, /rejected, logps/*
   tools.png       tool-call, tool-error and tool-timeout rates (multi-turn), training and eval
 With --keys, one PNG per listed key instead (named after the key, '/' -> '_').
 """
@@ -75,6 +76,9 @@ _GROUPS = (
                     "staleness/version_lag_max"), shared_axes=False),
     _Group("critic", "critic (PPO)", _present("critic/vf_loss", "critic/explained_variance",
                                               "critic/vpred_mean"), shared_axes=False),
+    _Group("preference", "DPO (implicit rewards beta * (policy - reference))",
+           _present("actor/loss", "rewards/accuracies", "rewards/margins", "rewards/chosen",
+                    "rewards/rejected", "logps/chosen", "logps/rejected"), shared_axes=False),
     _Group("tools", "tool use (fraction of trajectories / of calls)",
            _present("multi_turn/tool_call_rate", "eval/tool_call_rate",
                     "multi_turn/tool_error_rate", "multi_turn/tool_timeout_rate"),

@@ -598,6 +598,38 @@ def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
     assert main(argv) == (0 if HISTORY[entry] == "OK" else 2)
 
 
+def _their_files(commit: str, name: str, into: Path) -> None:
+    """configs/<name> of MindSpeed-RL at ``commit`` in ``into``, its model yamls in model/."""
+    (into / "model").mkdir(exist_ok=True)
+    for item in (_show(commit, "configs/model") or "").splitlines()[1:]:
+        if item.endswith(".yaml"):
+            (into / "model" / item).write_text(_show(commit, f"configs/model/{item}"))
+    (into / name).write_text(_show(commit, f"configs/{name}"))
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_their_dpo_config_reads_min_lr(tmp_path, monkeypatch):
+    """MindSpeed-RL's DPO config writes ``min-lr: 0`` (Megatron's spelling) in
+    megatron_training: read as min_lr. Its DPO keys (stage, is_pairwise_dataset,
+    attention_mask_type general) and qk_layernorm are left out here: this loads it as a GRPO
+    job."""
+    name = "dpo_qwen3_30b_a3b_A3.yaml"
+    _their_files("05a90d7", name, tmp_path)
+    text = (tmp_path / name).read_text()
+    assert "  min-lr: 0\n" in text
+    for line in ("  stage: dpo\n", "  is_pairwise_dataset: true\n", "  qk_layernorm: true\n"):
+        text = text.replace(line, "")
+    (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(name, ["generate_config.max_model_len=8192",
+                                "actor_config.attention_mask_type=causal"], check_data=False)
+    assert config.actor_config.min_lr == 0 and config.model.model_type == "qwen3_moe"
+    assert notice(config, "megatron_training.min-lr=0").endswith("read as megatron_training."
+                                                                 "min_lr (MindSpeed-RL reads '-' "
+                                                                 "in a key as '_', as Megatron's "
+                                                                 "argument parser does)")
+
+
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
 def test_the_published_deepseek_r1_671b_job_plans_its_layout(tmp_path, monkeypatch):
     """MindSpeed-RL's grpo_deepseek_r1_671b_A3.yaml of 2025-08-27 with its model yaml, at its

@@ -18,6 +18,7 @@ from mindspeed_rl.config.checks import check_job
 from mindspeed_rl.config.checks.job_files import check_data_files
 from mindspeed_rl.config.checks.training_features import check_runnable
 from mindspeed_rl.config.config_error import ConfigError, did_you_mean
+from mindspeed_rl.config.mindspeed_keys import UNDERSCORED_SECTIONS
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
 from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig
@@ -256,6 +257,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> frozenset[
     for text in overrides:
         key, value = parse_override(text)
         parts = key.split(".")
+        if parts[0] in UNDERSCORED_SECTIONS and len(parts) > 1:  # '-' read as '_', as in a file
+            parts[1] = parts[1].replace("-", "_")
+            key = ".".join(parts)
         if parts[0] not in SECTIONS:
             hint = did_you_mean(parts[0], SECTIONS) or f"sections are: {', '.join(SECTIONS)}"
             raise ConfigError(key, "unknown section", hint, origin=_OVERRIDE)

@@ -17,6 +17,7 @@ from typing import Any
 from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.config.megatron_model_yaml import (MEGATRON_TO_HF, is_megatron_model_yaml,
                                                      translate_megatron_model)
+from mindspeed_rl.config.mindspeed_keys import underscored
 from mindspeed_rl.config.typed_sections import build_section
 from mindspeed_rl.config.yaml_source import read_yaml_file
 
@@ -350,7 +351,12 @@ def read_model_spec(path: Path, is_hf_dir: bool, *,
                                     "rope_scaling": rope_scaling_of(raw)})
     raw = read_yaml_file(path, MODEL_KEY)
     if is_megatron_model_yaml(raw):
-        _merge_job_architecture(next(iter(raw.values())), job_architecture, path, notices,
+        (name, body), = raw.items()
+        problems: list[ConfigError] = []
+        raw = {name: underscored(body, name, problems, notices)[0]}  # '-' read as '_'
+        if problems:
+            raise ConfigErrors(problems, str(path))
+        _merge_job_architecture(raw[name], job_architecture, path, notices,
                                 hf_names=False, fill=True)
         hf, settings = translate_megatron_model(raw, str(path))
         return build_section(ModelSpec, hf, "model", source=f"in {path}",

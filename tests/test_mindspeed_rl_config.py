@@ -382,6 +382,20 @@ def test_both_spellings_of_a_key_must_agree(msrl):
     assert config.actor_config.min_lr == 0
 
 
+def test_qk_layernorm_in_the_job_must_agree_with_the_model(msrl):
+    """MindSpeed-RL's DPO config writes ``qk_layernorm: true`` in megatron_training; the
+    model's file decides (Qwen3-MoE has q/k norms)."""
+    path = msrl(replace={"  seed: 1\n": "  seed: 1\n  qk_layernorm: true\n"})
+    config = load_config(path, check_data=False)
+    assert ("megatron_training.qk_layernorm=true: the model (qwen3_moe, in tiny_moe.yaml) has "
+            "q/k norms: the same") in config.notices
+    path = msrl(replace={"  seed: 1\n": "  seed: 1\n  qk_layernorm: false\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("megatron_training.qk_layernorm=false: the model (qwen3_moe, in "
+                           "tiny_moe.yaml) has q/k norms: the architecture has one source here"), text
+    assert "remove the key (the model's file decides" in text
+
+
 def test_key_table_is_consistent_with_the_schema_and_the_docs():
     docs = (REPO / "docs" / "config.md").read_text()
     seen = set()

@@ -343,6 +343,16 @@ def test_norm_epsilon_that_contradicts_the_model_is_refused(msrl, tmp_path):
     assert "remove the key, or set norm_epsilon in the model's file" in text
 
 
+def test_qk_layernorm_for_a_model_without_qk_norms_is_refused(msrl):
+    path = msrl(MARCH_2025, replace={"  stage: ray_grpo\n": "  stage: ray_grpo\n"
+                                                           "  qk_layernorm: true\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("megatron_training.qk_layernorm=true: the model (qwen2, in "
+                           "tiny_qwen.yaml) has no q/k norms"), text
+    assert "remove the key (the model's file decides: its model_type, or qk_layernorm in a " \
+           "MindSpeed-RL model yaml)" in text
+
+
 # ---- the integrated worker of May 2025, and values MindSpeed-RL accepts ---------------------
 
 def test_may_2025_integrated_format_runs_as_mindspeed_rl_ran_it(msrl, capsys):
@@ -608,16 +618,16 @@ def _their_files(commit: str, name: str, into: Path) -> None:
 
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
-def test_their_dpo_config_reads_min_lr(tmp_path, monkeypatch):
-    """MindSpeed-RL's DPO config writes ``min-lr: 0`` (Megatron's spelling) in
-    megatron_training: read as min_lr. Its DPO keys (stage, is_pairwise_dataset,
-    attention_mask_type general) and qk_layernorm are left out here: this loads it as a GRPO
-    job."""
+def test_their_dpo_config_reads_min_lr_and_qk_layernorm(tmp_path, monkeypatch):
+    """MindSpeed-RL's DPO config writes ``min-lr: 0`` (Megatron's spelling) and
+    ``qk_layernorm: true`` in megatron_training: read as min_lr, and as the Qwen3-MoE's own q/k
+    norms. Its DPO keys (stage, is_pairwise_dataset, attention_mask_type general) are left out
+    here: this loads it as a GRPO job."""
     name = "dpo_qwen3_30b_a3b_A3.yaml"
     _their_files("05a90d7", name, tmp_path)
     text = (tmp_path / name).read_text()
-    assert "  min-lr: 0\n" in text
-    for line in ("  stage: dpo\n", "  is_pairwise_dataset: true\n", "  qk_layernorm: true\n"):
+    assert "  min-lr: 0\n" in text and "  qk_layernorm: true\n" in text
+    for line in ("  stage: dpo\n", "  is_pairwise_dataset: true\n"):
         text = text.replace(line, "")
     (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
@@ -628,6 +638,9 @@ def test_their_dpo_config_reads_min_lr(tmp_path, monkeypatch):
                                                                  "min_lr (MindSpeed-RL reads '-' "
                                                                  "in a key as '_', as Megatron's "
                                                                  "argument parser does)")
+    assert notice(config, "megatron_training.qk_layernorm=true") == (
+        "megatron_training.qk_layernorm=true: the model (qwen3_moe, in qwen3_30b_a3b.yaml) has "
+        "q/k norms: the same")
 
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))

@@ -17,6 +17,7 @@ from typing import Any
 from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.megatron_model_yaml import MEGATRON_TO_HF
+from mindspeed_rl.config.model_spec import IMPLIED_SWITCHES
 from mindspeed_rl.config.mindspeed_keys import (FAMILY_SECTIONS, GENERATE, HONOURED, MEGATRON,
                                                 NOT_APPLICABLE, RL, SAMPLING, TOP, TRANSLATED,
                                                 UNDERSCORED_SECTIONS, family_of,
@@ -237,8 +238,8 @@ def _place(out: Normalised, problems: list, translated: dict, section: str, key:
         return
     if (family, key) in _RESPONSES_ERA:
         out.dated_by.append(dotted)
-    if section in _MEGATRON_SCHEMA_SECTIONS and key in MEGATRON_TO_HF and key != "num_layers" \
-            and value is not None:
+    if section in _MEGATRON_SCHEMA_SECTIONS and (key in MEGATRON_TO_HF or key in IMPLIED_SWITCHES) \
+            and key != "num_layers" and value is not None:
         # MindSpeed-RL merges megatron_training over the model yaml: the loader checks the
         # value against the model (one architecture for training and vLLM).
         out.architecture[key] = (dotted, value)

@@ -563,11 +563,9 @@ HISTORY = {
     "grpo_deepseek_r1_671b_A3.yaml@de08cc4": "OK",
     "grpo_deepseek_r1_671b_A3.yaml@d76a536": "OK",
     "grpo_deepseek_r1_671b_A3.yaml@4f551e3": "OK",
-    # refused: lengths beyond its own max_model_len, no data path
-    "grpo_deepseek_r1_671b_A2.yaml@4f551e3": "generate_config.sampling_config.max_tokens=2048: "
-                                             "rl_config.max_prompt_length=8196 + max_tokens="
-                                             "2048 = 10244 is larger than generate_config."
-                                             "max_model_len=10240",
+    # a longest prompt's response stops 4 tokens short of max_tokens, at max_model_len: a warning
+    "grpo_deepseek_r1_671b_A2.yaml@4f551e3": "OK",
+    # refused: no data path
     "grpo_trainer_qwen25_7b.yaml@8eddc32": "megatron_training.data_path=null: required key is "
                                            "empty",
     "grpo_trainer_llama32_1b.yaml@76d7796": "megatron_training.data_path: required key is "
@@ -641,6 +639,40 @@ def test_their_dpo_config_reads_min_lr_and_qk_layernorm(tmp_path, monkeypatch):
     assert notice(config, "megatron_training.qk_layernorm=true") == (
         "megatron_training.qk_layernorm=true: the model (qwen3_moe, in qwen3_30b_a3b.yaml) has "
         "q/k norms: the same")
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_responses_past_max_model_len_stop_there_with_a_warning(tmp_path, monkeypatch, capsys):
+    """MindSpeed-RL's grpo_deepseek_r1_671b_A2.yaml: max_prompt_length 8196 + max_tokens 2048
+    = 10244 > max_model_len 10240. vLLM stops a response at max_model_len (finish reason
+    "length"): the job runs, warned, and the engine asks a longest prompt for 2044 tokens."""
+    from mindspeed_rl.rollout.vllm_engine import RolloutConfigError, response_budgets
+
+    name = "grpo_deepseek_r1_671b_A2.yaml"
+    _their_files("4f551e3", name, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(name, check_data=False)
+    line = ("generate_config.sampling_config.max_tokens=2048: rl_config.max_prompt_length=8196 "
+            "+ max_tokens=2048 = 10244 is larger than generate_config.max_model_len=10240: vLLM "
+            "stops the response to a longest prompt at max_model_len, 4 tokens short of "
+            "max_tokens (finish reason \"length\"), as MindSpeed-RL runs it; set max_tokens: "
+            "2044 to say so, or max_model_len: 10244 for whole responses")
+    assert config.warnings == (line,)
+    assert main(["--config", name, "--dry-run", "--world-size", "256"]) == 0
+    assert f"\nwarning: {line}\n" in capsys.readouterr().out
+    # the engine's SamplingParams (RolloutEngine._params): max_tokens within max_model_len
+    # for a longest prompt, min_tokens within max_tokens
+    mml, sampling = config.generate_config.max_model_len, config.sampling_config
+    assert response_budgets([8196, 100], [sampling.max_tokens] * 2, [2046, 2046], mml) == (
+        [2044, 2048], [2044, 2046])
+    with pytest.raises(RolloutConfigError, match="prompt 1 has 10240 tokens: it leaves no room"):
+        response_budgets([8196, 10240], [2048] * 2, [0] * 2, mml)
+    # what cannot run is refused: a prompt limit that fills max_model_len
+    error = error_of(load_config, name, ["rl_config.max_prompt_length=10240",
+                                         "megatron_training.seq_length=10240"], check_data=False)
+    assert str(error).startswith("rl_config.max_prompt_length=10240: a longest prompt leaves no "
+                                 "room for a response in generate_config.max_model_len=10240; "
+                                 "lower max_prompt_length to at most 10239"), error
 
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))

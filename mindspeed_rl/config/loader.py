@@ -16,6 +16,7 @@ import yaml
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.checks import check_job
 from mindspeed_rl.config.checks.job_files import check_data_files
+from mindspeed_rl.config.checks.length_budgets import response_cut_warning
 from mindspeed_rl.config.checks.training_features import check_runnable
 from mindspeed_rl.config.config_error import ConfigError, did_you_mean
 from mindspeed_rl.config.mindspeed_keys import UNDERSCORED_SECTIONS
@@ -87,6 +88,8 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
 
     config = RLJobConfig(**sections, model=model, config_path=str(config_path),
                          algorithm=algorithm, notices=tuple(notices), warnings=tuple(warnings))
+    config = dataclasses.replace(config, warnings=config.warnings + tuple(
+        response_cut_warning(config)))   # it reads the job's features
     check_job(config)
     if check_data:
         check_runnable(config)

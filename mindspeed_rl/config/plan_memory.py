@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from mindspeed_rl.config.batch_plan import longest_row
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.rank_parameters import padded_vocab_size, params_per_rank
 from mindspeed_rl.config.schema import RLJobConfig
@@ -106,9 +107,9 @@ def memory_bytes(config: RLJobConfig, layout: ParallelLayout,
 
 def update_micro_batch_tokens(config: RLJobConfig) -> int:
     """Tokens of the largest update micro-batch: the packing budget with use_dynamic_bsz,
-    else micro_batch_size rows of the longest prompt + response."""
+    else micro_batch_size rows of the longest row (prompt + response, within max_model_len)."""
     rl = config.rl_config
-    longest = rl.max_prompt_length + config.features.response_limit
+    longest = longest_row(config)
     if rl.use_dynamic_bsz:
         budget = rl.update_max_packing_token_size or rl.max_packing_token_size
         if budget:

@@ -676,6 +676,29 @@ def test_responses_past_max_model_len_stop_there_with_a_warning(tmp_path, monkey
 
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_their_dapo_qwen3_moe_config_with_r3_runs_without_prefix_caching(tmp_path, monkeypatch,
+                                                                         capsys):
+    """MindSpeed-RL's dapo_qwen3_30b_a3b_A3.yaml (its latest version, 2025-12-18) with
+    rl_config.router_replay=R3 at its 16 NPUs: prefix caching (this project's default; the
+    file leaves it out) is turned off for the run, one line in the plan."""
+    name = "dapo_qwen3_30b_a3b_A3.yaml"
+    _their_files("4f551e3", name, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINDSPEED_RL_DEVICE", "cpu")   # R3's capture: vLLM's routers (CPU, CUDA)
+    config = load_config(name, ["rl_config.router_replay=R3"], check_data=False)
+    assert config.features.replays_rollout_routing
+    assert config.generate_config.enable_prefix_caching is False
+    line = ("generate_config.enable_prefix_caching=true (the default): turned off for "
+            "rl_config.router_replay R3")
+    assert main(["--config", name, "--dry-run", "--world-size", "16",
+                 "rl_config.router_replay=R3"]) == 0
+    out = capsys.readouterr().out
+    assert "dry-run OK" in out and sum(line in row for row in out.splitlines()) == 1
+    # without R3 the file runs as it did, with the cache
+    assert load_config(name, check_data=False).generate_config.enable_prefix_caching
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
 def test_the_published_deepseek_r1_671b_job_plans_its_layout(tmp_path, monkeypatch):
     """MindSpeed-RL's grpo_deepseek_r1_671b_A3.yaml of 2025-08-27 with its model yaml, at its
     384 ranks: TP 4 x PP 6 (9,10,10,10,11,11 layers) x EP 16 (x TP 4, moe_tp_extend_ep)."""

@@ -90,6 +90,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
                          algorithm=algorithm, notices=tuple(notices), warnings=tuple(warnings))
     config = dataclasses.replace(config, warnings=config.warnings + tuple(
         response_cut_warning(config)))   # it reads the job's features
+    config = _prefix_caching_for_r3(config, "enable_prefix_caching" in raw["generate_config"])
     check_job(config)
     if check_data:
         check_runnable(config)
@@ -194,6 +195,24 @@ def _prompt_cut_warning(sections: dict) -> list[str]:
             f"{prompt}: prompts longer than {seq} tokens are cut to their first {seq} tokens "
             f"(those longer than {prompt} dropped first), as MindSpeed-RL reads its prompt data; "
             f"raise seq_length to {prompt} to keep whole prompts"]
+
+
+def _prefix_caching_for_r3(config: RLJobConfig, written: bool) -> RLJobConfig:
+    """router_replay R3 records the experts of every prompt token as vLLM computes them, and
+    a cached prefix is not computed again: a job that asks for R3 runs without prefix caching
+    (a notice; a warning when the file or an override turned it on)."""
+    if not (config.features.replays_rollout_routing
+            and config.generate_config.enable_prefix_caching):
+        return config
+    line = ("generate_config.enable_prefix_caching=true" + ("" if written else " (the default)")
+            + ": turned off for rl_config.router_replay R3, which records the experts of every "
+            "prompt token as vLLM computes them (a cached prefix is not computed again, so it "
+            "would have no routes); prefix caching only saves prefill time")
+    generate = dataclasses.replace(config.generate_config, enable_prefix_caching=False)
+    if written:
+        return dataclasses.replace(config, generate_config=generate,
+                                   warnings=config.warnings + (line,))
+    return dataclasses.replace(config, generate_config=generate, notices=config.notices + (line,))
 
 
 def _npu_only_notices(sections: dict) -> list[str]:

@@ -540,8 +540,10 @@ class GenerateConfig:
     offload_train_grad: bool = setting(True, "move gradient buffers to host during generation")
     offload_train_optimizer: bool = setting(True, "move optimizer state to host during "
                                                   "generation")
-    enable_prefix_caching: bool = setting(True, "vLLM automatic prefix caching (prompts sharing "
-                                                "a chat-template prefix reuse its KV blocks)")
+    enable_prefix_caching: bool = setting(True, (
+        "vLLM automatic prefix caching (prompts sharing a chat-template prefix reuse its KV "
+        "blocks); turned off, with a line in the plan, for rl_config.router_replay R3 (its "
+        "routes need every prompt token computed)"))
     enable_expert_parallel: bool = setting(False, (
         "vLLM expert parallelism for MoE models: each expert lives whole on one rank of "
         "infer_tensor_parallel_size x infer_expert_parallel_size ranks instead of being split "

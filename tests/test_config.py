@@ -378,11 +378,32 @@ def test_mini_batch_checks(job):
     assert "rl_config.mini_batch_size=2" in message and "actor_config.micro_batch_size=3" in message
 
 
-def test_max_tokens_larger_than_max_model_len(job):
-    message = error_of(load_config, job(generate_config={
-        "max_model_len": 256, "sampling_config": {"max_tokens": 512}}))
-    assert message.startswith("generate_config.sampling_config.max_tokens=512:")
-    assert "generate_config.max_model_len=256" in message and "rl_config.max_prompt_length" in message
+def test_responses_past_max_model_len_stop_there(job):
+    """vLLM stops a response at max_model_len (finish reason "length"): prompt + max_tokens
+    beyond it runs, with a warning; a prompt limit that fills it cannot, nor rows continued
+    from their tokens so far (partial rollout, tool turns) that outgrow it."""
+    config = load_config(job(generate_config={"max_model_len": 512,
+                                              "sampling_config": {"max_tokens": 512}}))
+    assert config.warnings == (
+        "generate_config.sampling_config.max_tokens=512: rl_config.max_prompt_length=256 + "
+        "max_tokens=512 = 768 is larger than generate_config.max_model_len=512: vLLM stops the "
+        "response to a longest prompt at max_model_len, 256 tokens short of max_tokens "
+        "(finish reason \"length\"), as MindSpeed-RL runs it; set max_tokens: 256 to say so, or "
+        "max_model_len: 768 for whole responses",)
+    message = error_of(load_config, job(rl_config={"max_prompt_length": 512},
+                                        generate_config={"max_model_len": 512}))
+    assert message == ("rl_config.max_prompt_length=512: a longest prompt leaves no room for a "
+                       "response in generate_config.max_model_len=512; lower max_prompt_length "
+                       "to at most 511 or raise generate_config.max_model_len to at least 576")
+    message = error_of(load_config, job(rl_config={"partial_rollout_max_split": 2},
+                                        generate_config={"max_model_len": 512,
+                                                         "sampling_config": {"max_tokens": 512}}))
+    assert message.startswith("generate_config.sampling_config.max_tokens=512: rl_config."
+                              "max_prompt_length=256 + max_tokens=512 = 768 is larger than "
+                              "generate_config.max_model_len=512, and partial rollout "
+                              "(rl_config.partial_rollout_max_split) continues a row from its "
+                              "tokens so far, which must all fit; lower max_tokens to at most "
+                              "256"), message
 
 
 def test_seq_length_is_the_prompt_data_length(job):

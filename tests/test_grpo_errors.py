@@ -61,10 +61,13 @@ def test_global_batch_not_divisible_by_dp(assets):
     assert rc == 2 and "megatron_training.global_batch_size=3" in err
 
 
-def test_max_tokens_larger_than_max_model_len(assets):
-    rc, err = run(assets, "generate_config.sampling_config.max_tokens=200")
+def test_a_prompt_limit_that_fills_max_model_len(assets):
+    """(prompt + max_tokens beyond max_model_len runs: vLLM stops the response there, warned;
+    test_config.py tests it.)"""
+    rc, err = run(assets, "rl_config.max_prompt_length=96")
     assert rc == 2
-    assert "max_tokens" in err and "generate_config.max_model_len" in err
+    assert "rl_config.max_prompt_length=96: a longest prompt leaves no room for a response in " \
+           "generate_config.max_model_len=96" in err
 
 
 def test_missing_dataset_file(assets):

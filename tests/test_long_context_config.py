@@ -94,11 +94,25 @@ def test_only_causal_masks(msrl):
                            "is built here"), text
 
 
-def test_rows_longer_than_max_model_len_are_refused(msrl):
-    text = str(error_of(msrl, CONFIGS[1], "generate_config.sampling_config.max_tokens=32000"))
-    assert text.startswith("generate_config.sampling_config.max_tokens=32000: "
-                           "rl_config.max_prompt_length=2048 + max_tokens=32000 = 34048 is "
-                           "larger than generate_config.max_model_len=32768"), text
+def test_rows_longer_than_max_model_len_stop_there(msrl):
+    """vLLM stops a response at max_model_len: a warning, and the longest row the packing
+    budgets must hold is max_model_len; a prompt limit that fills it is refused."""
+    config = msrl(CONFIGS[1], "generate_config.sampling_config.max_tokens=32000")
+    assert config.warnings[-1].startswith(
+        "generate_config.sampling_config.max_tokens=32000: rl_config.max_prompt_length=2048 + "
+        "max_tokens=32000 = 34048 is larger than generate_config.max_model_len=32768: vLLM "
+        "stops the response to a longest prompt at max_model_len, 1280 tokens short of "
+        "max_tokens"), config.warnings
+    text = str(error_of(msrl, CONFIGS[1], "generate_config.sampling_config.max_tokens=32000",
+                        "rl_config.update_max_packing_token_size=32000"))
+    assert text.startswith("rl_config.update_max_packing_token_size=32000: smaller than the "
+                           "longest single row: rl_config.max_prompt_length=2048 + generate_"
+                           "config.sampling_config.max_tokens=32000 = 34048 tokens, cut at "
+                           "generate_config.max_model_len=32768"), text
+    text = str(error_of(msrl, CONFIGS[1], "rl_config.max_prompt_length=32768",
+                        "megatron_training.seq_length=32768"))
+    assert text.startswith("rl_config.max_prompt_length=32768: a longest prompt leaves no room "
+                           "for a response in generate_config.max_model_len=32768"), text
 
 
 def test_a_launch_with_cp_and_a_critic_is_refused(msrl):

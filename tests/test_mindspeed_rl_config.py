@@ -341,6 +341,61 @@ def test_reference_section_reads_only_load(msrl):
     assert "only ref_config.load is read" in str(error_of(load_config, path, check_data=False))
 
 
+def test_hyphenated_keys_are_read_as_their_underscore_names(msrl, tmp_path):
+    """MindSpeed-RL's config classes read '-' in a key as '_' (its DPO config writes
+    ``min-lr: 0``), in every section they read and in the model yaml; so do overrides."""
+    model = tmp_path / "configs" / "model" / "tiny_moe.yaml"
+    model.write_text(MODEL_YAML.replace("  norm_epsilon: 1e-6\n", "  norm-epsilon: 1e-6\n"))
+    path = msrl(replace={"  min_lr: 0\n": "  min-lr: 1.0e-7\n",
+                         "  seq_length: 512\n": "  seq-length: 384\n",
+                         "  use_flash_attn: true\n": "  use-flash-attn: true\n",
+                         "  max_prompt_length: 256\n": "  max-prompt-length: 200\n",
+                         "  max_num_seqs: 32\n": "  max-num-seqs: 24\n"})
+    config = load_config(path, ["actor_config.clip-grad=0.5"], check_data=False)
+    assert config.actor_config.min_lr == 1e-7 and config.megatron_training.seq_length == 384
+    assert config.rl_config.max_prompt_length == 200
+    assert config.generate_config.max_num_seqs == 24
+    assert config.actor_config.clip_grad == 0.5
+    assert config.model.rms_norm_eps == 1e-6
+    notices = "\n".join(config.notices)
+    assert ("actor_config.min-lr=1e-07: read as actor_config.min_lr (MindSpeed-RL reads '-' in "
+            "a key as '_', as Megatron's argument parser does)") in notices
+    assert "tiny_moe.norm-epsilon=1e-06: read as tiny_moe.norm_epsilon" in notices
+    # a key without effect here is named as written
+    assert "megatron_training.use-flash-attn=true: an Ascend/CUDA kernel" in notices
+    assert make_plan(config, 8)
+    # an unknown key is named as written
+    text = str(error_of(load_config, msrl(replace={"  seed: 1\n": "  seed: 1\n  no-such-key: 1\n"}),
+                        check_data=False))
+    assert text.startswith("megatron_training.no-such-key: unknown key")
+    assert "has no_such_key in megatron_training" in text
+
+
+def test_both_spellings_of_a_key_must_agree(msrl):
+    path = msrl(replace={"  min_lr: 0\n": "  min_lr: 0\n  min-lr: 1.0e-7\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text == ("actor_config.min-lr=1e-07: actor_config.min_lr=0 is the same key "
+                    "(MindSpeed-RL reads '-' in a key as '_') with another value; keep one of "
+                    "them"), text
+    config = load_config(msrl(replace={"  min_lr: 0\n": "  min_lr: 0\n  min-lr: 0\n"}),
+                         check_data=False)
+    assert config.actor_config.min_lr == 0
+
+
+def test_qk_layernorm_in_the_job_must_agree_with_the_model(msrl):
+    """MindSpeed-RL's DPO config writes ``qk_layernorm: true`` in megatron_training; the
+    model's file decides (Qwen3-MoE has q/k norms)."""
+    path = msrl(replace={"  seed: 1\n": "  seed: 1\n  qk_layernorm: true\n"})
+    config = load_config(path, check_data=False)
+    assert ("megatron_training.qk_layernorm=true: the model (qwen3_moe, in tiny_moe.yaml) has "
+            "q/k norms: the same") in config.notices
+    path = msrl(replace={"  seed: 1\n": "  seed: 1\n  qk_layernorm: false\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("megatron_training.qk_layernorm=false: the model (qwen3_moe, in "
+                           "tiny_moe.yaml) has q/k norms: the architecture has one source here"), text
+    assert "remove the key (the model's file decides" in text
+
+
 def test_key_table_is_consistent_with_the_schema_and_the_docs():
     docs = (REPO / "docs" / "config.md").read_text()
     seen = set()

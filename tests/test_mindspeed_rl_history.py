@@ -343,6 +343,16 @@ def test_norm_epsilon_that_contradicts_the_model_is_refused(msrl, tmp_path):
     assert "remove the key, or set norm_epsilon in the model's file" in text
 
 
+def test_qk_layernorm_for_a_model_without_qk_norms_is_refused(msrl):
+    path = msrl(MARCH_2025, replace={"  stage: ray_grpo\n": "  stage: ray_grpo\n"
+                                                           "  qk_layernorm: true\n"})
+    text = str(error_of(load_config, path, check_data=False))
+    assert text.startswith("megatron_training.qk_layernorm=true: the model (qwen2, in "
+                           "tiny_qwen.yaml) has no q/k norms"), text
+    assert "remove the key (the model's file decides: its model_type, or qk_layernorm in a " \
+           "MindSpeed-RL model yaml)" in text
+
+
 # ---- the integrated worker of May 2025, and values MindSpeed-RL accepts ---------------------
 
 def test_may_2025_integrated_format_runs_as_mindspeed_rl_ran_it(msrl, capsys):
@@ -553,11 +563,9 @@ HISTORY = {
     "grpo_deepseek_r1_671b_A3.yaml@de08cc4": "OK",
     "grpo_deepseek_r1_671b_A3.yaml@d76a536": "OK",
     "grpo_deepseek_r1_671b_A3.yaml@4f551e3": "OK",
-    # refused: lengths beyond its own max_model_len, no data path
-    "grpo_deepseek_r1_671b_A2.yaml@4f551e3": "generate_config.sampling_config.max_tokens=2048: "
-                                             "rl_config.max_prompt_length=8196 + max_tokens="
-                                             "2048 = 10244 is larger than generate_config."
-                                             "max_model_len=10240",
+    # a longest prompt's response stops 4 tokens short of max_tokens, at max_model_len: a warning
+    "grpo_deepseek_r1_671b_A2.yaml@4f551e3": "OK",
+    # refused: no data path
     "grpo_trainer_qwen25_7b.yaml@8eddc32": "megatron_training.data_path=null: required key is "
                                            "empty",
     "grpo_trainer_llama32_1b.yaml@76d7796": "megatron_training.data_path: required key is "
@@ -596,6 +604,98 @@ def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
         error = error_of(load_config, name, check_data=False, algorithm=algorithm)
         assert HISTORY[entry] in str(error), str(error)
     assert main(argv) == (0 if HISTORY[entry] == "OK" else 2)
+
+
+def _their_files(commit: str, name: str, into: Path) -> None:
+    """configs/<name> of MindSpeed-RL at ``commit`` in ``into``, its model yamls in model/."""
+    (into / "model").mkdir(exist_ok=True)
+    for item in (_show(commit, "configs/model") or "").splitlines()[1:]:
+        if item.endswith(".yaml"):
+            (into / "model" / item).write_text(_show(commit, f"configs/model/{item}"))
+    (into / name).write_text(_show(commit, f"configs/{name}"))
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_their_dpo_config_reads_min_lr_and_qk_layernorm(tmp_path, monkeypatch):
+    """MindSpeed-RL's DPO config writes ``min-lr: 0`` (Megatron's spelling) and
+    ``qk_layernorm: true`` in megatron_training: read as min_lr, and as the Qwen3-MoE's own q/k
+    norms. Its DPO keys (stage, is_pairwise_dataset, attention_mask_type general) are left out
+    here: this loads it as a GRPO job."""
+    name = "dpo_qwen3_30b_a3b_A3.yaml"
+    _their_files("05a90d7", name, tmp_path)
+    text = (tmp_path / name).read_text()
+    assert "  min-lr: 0\n" in text and "  qk_layernorm: true\n" in text
+    for line in ("  stage: dpo\n", "  is_pairwise_dataset: true\n"):
+        text = text.replace(line, "")
+    (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(name, ["generate_config.max_model_len=8192",
+                                "actor_config.attention_mask_type=causal"], check_data=False)
+    assert config.actor_config.min_lr == 0 and config.model.model_type == "qwen3_moe"
+    assert notice(config, "megatron_training.min-lr=0").endswith("read as megatron_training."
+                                                                 "min_lr (MindSpeed-RL reads '-' "
+                                                                 "in a key as '_', as Megatron's "
+                                                                 "argument parser does)")
+    assert notice(config, "megatron_training.qk_layernorm=true") == (
+        "megatron_training.qk_layernorm=true: the model (qwen3_moe, in qwen3_30b_a3b.yaml) has "
+        "q/k norms: the same")
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_responses_past_max_model_len_stop_there_with_a_warning(tmp_path, monkeypatch, capsys):
+    """MindSpeed-RL's grpo_deepseek_r1_671b_A2.yaml: max_prompt_length 8196 + max_tokens 2048
+    = 10244 > max_model_len 10240. vLLM stops a response at max_model_len (finish reason
+    "length"): the job runs, warned, and the engine asks a longest prompt for 2044 tokens."""
+    from mindspeed_rl.rollout.vllm_engine import RolloutConfigError, response_budgets
+
+    name = "grpo_deepseek_r1_671b_A2.yaml"
+    _their_files("4f551e3", name, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(name, check_data=False)
+    line = ("generate_config.sampling_config.max_tokens=2048: rl_config.max_prompt_length=8196 "
+            "+ max_tokens=2048 = 10244 is larger than generate_config.max_model_len=10240: vLLM "
+            "stops the response to a longest prompt at max_model_len, 4 tokens short of "
+            "max_tokens (finish reason \"length\"), as MindSpeed-RL runs it; set max_tokens: "
+            "2044 to say so, or max_model_len: 10244 for whole responses")
+    assert config.warnings == (line,)
+    assert main(["--config", name, "--dry-run", "--world-size", "256"]) == 0
+    assert f"\nwarning: {line}\n" in capsys.readouterr().out
+    # the engine's SamplingParams (RolloutEngine._params): max_tokens within max_model_len
+    # for a longest prompt, min_tokens within max_tokens
+    mml, sampling = config.generate_config.max_model_len, config.sampling_config
+    assert response_budgets([8196, 100], [sampling.max_tokens] * 2, [2046, 2046], mml) == (
+        [2044, 2048], [2044, 2046])
+    with pytest.raises(RolloutConfigError, match="prompt 1 has 10240 tokens: it leaves no room"):
+        response_budgets([8196, 10240], [2048] * 2, [0] * 2, mml)
+    # what cannot run is refused: a prompt limit that fills max_model_len
+    error = error_of(load_config, name, ["rl_config.max_prompt_length=10240",
+                                         "megatron_training.seq_length=10240"], check_data=False)
+    assert str(error).startswith("rl_config.max_prompt_length=10240: a longest prompt leaves no "
+                                 "room for a response in generate_config.max_model_len=10240; "
+                                 "lower max_prompt_length to at most 10239"), error
+
+
+@pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
+def test_their_dapo_qwen3_moe_config_with_r3_runs_without_prefix_caching(tmp_path, monkeypatch,
+                                                                         capsys):
+    """MindSpeed-RL's dapo_qwen3_30b_a3b_A3.yaml (its latest version, 2025-12-18) with
+    rl_config.router_replay=R3 at its 16 NPUs: prefix caching (this project's default; the
+    file leaves it out) is turned off for the run, one line in the plan."""
+    name = "dapo_qwen3_30b_a3b_A3.yaml"
+    _their_files("4f551e3", name, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINDSPEED_RL_DEVICE", "cpu")   # R3's capture: vLLM's routers (CPU, CUDA)
+    config = load_config(name, ["rl_config.router_replay=R3"], check_data=False)
+    assert config.features.replays_rollout_routing
+    assert config.generate_config.enable_prefix_caching is False
+    line = ("generate_config.enable_prefix_caching=true (the default): turned off for "
+            "rl_config.router_replay R3")
+    assert main(["--config", name, "--dry-run", "--world-size", "16",
+                 "rl_config.router_replay=R3"]) == 0
+    out = capsys.readouterr().out
+    assert "dry-run OK" in out and sum(line in row for row in out.splitlines()) == 1
+    # without R3 the file runs as it did, with the cache
+    assert load_config(name, check_data=False).generate_config.enable_prefix_caching
 
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))

@@ -1,5 +1,5 @@
 """rl_config.router_replay: the dry run refuses the jobs where routes cannot be recorded or
-replayed, naming the key (pure Python)."""
+replayed, naming the key, and runs R3 without prefix caching (pure Python)."""
 
 from __future__ import annotations
 
@@ -63,11 +63,25 @@ def test_replay_with_a_layout_it_cannot_record_is_refused(job, key):
     assert "rl_config.router_replay='R2'" in message and f"actor_config.{key}=2" in message
 
 
-def test_r3_needs_every_prompt_token_computed(job):
-    message = error(job(MOE, generate_config={"enable_prefix_caching": True}),
-                    ["rl_config.router_replay=R3"])
-    assert message.startswith("generate_config.enable_prefix_caching=true")
-    assert "enable_prefix_caching: false" in message
+def test_r3_runs_without_prefix_caching(job):
+    """R3 records the experts of every prompt token as vLLM computes them; a cached prefix is
+    not computed again: a job asking for R3 runs with prefix caching off, and says so."""
+    said = ("generate_config.enable_prefix_caching=true: turned off for rl_config.router_replay "
+            "R3, which records the experts of every prompt token as vLLM computes them (a "
+            "cached prefix is not computed again, so it would have no routes); prefix caching "
+            "only saves prefill time")
+    config = load_config(job(MOE, generate_config={"enable_prefix_caching": True}),
+                         ["rl_config.router_replay=R3"])
+    assert not config.generate_config.enable_prefix_caching and said in config.warnings
+    path = job(MOE)
+    text = path.read_text().replace("  enable_prefix_caching: false\n", "")
+    path.write_text(text)   # the default (true)
+    config = load_config(path, ["rl_config.router_replay=R3"])
+    assert not config.generate_config.enable_prefix_caching and config.warnings == ()
+    assert said.replace("=true:", "=true (the default):") in config.notices
+    for mode in ("none", "R2"):   # their routes are not vLLM's: the cache stays
+        assert load_config(path, [f"rl_config.router_replay={mode}"]).generate_config.\
+            enable_prefix_caching
 
 
 def test_r3_on_a_platform_without_in_process_capture_is_refused(job, monkeypatch):

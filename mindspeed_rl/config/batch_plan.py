@@ -94,6 +94,23 @@ def micro_batchings(config: RLJobConfig) -> dict[str, MicroBatching]:
     return out
 
 
+def longest_prompt(config: RLJobConfig) -> tuple[str, int]:
+    """The longest prompt a rollout gets and the key that bounds it: rl_config.
+    max_prompt_length, or megatron_training.seq_length when shorter (prompts are cut to it,
+    as MindSpeed-RL reads its prompt data)."""
+    seq, prompt = config.megatron_training.seq_length, config.rl_config.max_prompt_length
+    if 0 < seq < prompt:
+        return "megatron_training.seq_length", seq
+    return "rl_config.max_prompt_length", prompt
+
+
+def longest_row(config: RLJobConfig) -> int:
+    """Tokens of the longest rollout row: the longest prompt + the response limit, at most
+    generate_config.max_model_len (vLLM stops a response there)."""
+    return min(longest_prompt(config)[1] + config.features.response_limit,
+               config.generate_config.max_model_len)
+
+
 def packing_budgets(config: RLJobConfig) -> dict[str, str]:
     """The phases that run megatron micro-batches in this job -> the prefix of their
     ``rl_config.<prefix>max_packing_token_size`` ("" = the base budget only): the actor's

@@ -16,8 +16,10 @@ import yaml
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.checks import check_job
 from mindspeed_rl.config.checks.job_files import check_data_files
+from mindspeed_rl.config.checks.length_budgets import response_cut_warning
 from mindspeed_rl.config.checks.training_features import check_runnable
 from mindspeed_rl.config.config_error import ConfigError, did_you_mean
+from mindspeed_rl.config.mindspeed_keys import UNDERSCORED_SECTIONS
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
 from mindspeed_rl.config.preference import resolve_pairs_rl
@@ -90,6 +92,9 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
 
     config = RLJobConfig(**sections, model=model, config_path=str(config_path),
                          algorithm=algorithm, notices=tuple(notices), warnings=tuple(warnings))
+    config = dataclasses.replace(config, warnings=config.warnings + tuple(
+        response_cut_warning(config)))   # it reads the job's features
+    config = _prefix_caching_for_r3(config, "enable_prefix_caching" in raw["generate_config"])
     check_job(config)
     if check_data:
         check_runnable(config)
@@ -196,6 +201,24 @@ def _prompt_cut_warning(sections: dict) -> list[str]:
             f"raise seq_length to {prompt} to keep whole prompts"]
 
 
+def _prefix_caching_for_r3(config: RLJobConfig, written: bool) -> RLJobConfig:
+    """router_replay R3 records the experts of every prompt token as vLLM computes them, and
+    a cached prefix is not computed again: a job that asks for R3 runs without prefix caching
+    (a notice; a warning when the file or an override turned it on)."""
+    if not (config.features.replays_rollout_routing
+            and config.generate_config.enable_prefix_caching):
+        return config
+    line = ("generate_config.enable_prefix_caching=true" + ("" if written else " (the default)")
+            + ": turned off for rl_config.router_replay R3, which records the experts of every "
+            "prompt token as vLLM computes them (a cached prefix is not computed again, so it "
+            "would have no routes); prefix caching only saves prefill time")
+    generate = dataclasses.replace(config.generate_config, enable_prefix_caching=False)
+    if written:
+        return dataclasses.replace(config, generate_config=generate,
+                                   warnings=config.warnings + (line,))
+    return dataclasses.replace(config, generate_config=generate, notices=config.notices + (line,))
+
+
 def _npu_only_notices(sections: dict) -> list[str]:
     """Keys vLLM honours on one platform only: what they do, said once (with the plan)."""
     path = sections["generate_config"].expert_map_path
@@ -260,6 +283,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> frozenset[
     for text in overrides:
         key, value = parse_override(text)
         parts = key.split(".")
+        if parts[0] in UNDERSCORED_SECTIONS and len(parts) > 1:  # '-' read as '_', as in a file
+            parts[1] = parts[1].replace("-", "_")
+            key = ".".join(parts)
         if parts[0] not in SECTIONS:
             hint = did_you_mean(parts[0], SECTIONS) or f"sections are: {', '.join(SECTIONS)}"
             raise ConfigError(key, "unknown section", hint, origin=_OVERRIDE)

@@ -48,6 +48,13 @@ FAMILY_SECTIONS = {
 
 HONOURED, TRANSLATED, NOT_APPLICABLE = "honoured", "translated", "not applicable"
 
+# MindSpeed-RL's config classes read a '-' in a key as '_' (BaseConfig.update, since
+# 2025-03-03), so Megatron's own spelling of its arguments (``min-lr``, as its argument parser
+# takes them) works in every section they read: these, and a model yaml's body. Keys of
+# generate_config.sampling_config go to vLLM's SamplingParams unchanged there.
+UNDERSCORED_SECTIONS = ("megatron_training", "actor_config", "ref_config", "critic_config",
+                        "reward_config", "rl_config", "generate_config")
+
 
 def _any(value: Any) -> bool:
     return True
@@ -447,6 +454,34 @@ def _older(r: KeyRow) -> str:
     if r.history.startswith("MindSpeed-RL"):
         return f" (an older MindSpeed-RL key: {r.history})"
     return f" ({r.history})"
+
+
+def underscored(body: dict, prefix: str, problems: list,
+                notices: list | None = None) -> tuple[dict, dict[str, str]]:
+    """``body`` with each key's '-' read as '_', as MindSpeed-RL reads its sections
+    (``UNDERSCORED_SECTIONS``), and ``{key: key as written}`` of the renamed keys; a line
+    for each goes to ``notices``. Both spellings of one key with different values are a
+    problem naming both."""
+    out: dict = {}
+    spelled: dict[str, str] = {}
+    for written, value in body.items():
+        key = written.replace("-", "_") if isinstance(written, str) else written
+        if key in out:   # both spellings
+            if out[key] != value:
+                first = spelled.get(key, key)
+                problems.append(ConfigError(f"{prefix}.{written}", f"{prefix}.{first}="
+                                            f"{show_value(out[key])} is the same key "
+                                            "(MindSpeed-RL reads '-' in a key as '_') with "
+                                            "another value", "keep one of them", value=value))
+            continue
+        if key != written:
+            spelled[key] = written
+            if notices is not None:
+                notices.append(f"{prefix}.{written}={show_value(value)}: read as {prefix}."
+                               f"{key} (MindSpeed-RL reads '-' in a key as '_', as Megatron's "
+                               "argument parser does)")
+        out[key] = value
+    return out, spelled
 
 
 def not_applicable_error(dotted: str, value: Any, r: KeyRow) -> ConfigError:

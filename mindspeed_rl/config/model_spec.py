@@ -17,6 +17,7 @@ from typing import Any
 from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.config.megatron_model_yaml import (MEGATRON_TO_HF, is_megatron_model_yaml,
                                                      translate_megatron_model)
+from mindspeed_rl.config.mindspeed_keys import underscored
 from mindspeed_rl.config.typed_sections import build_section
 from mindspeed_rl.config.yaml_source import read_yaml_file
 
@@ -315,6 +316,15 @@ def resolve_model_source(value: str, config_dir: Path) -> tuple[Path, bool]:
                       "file", fix, value=value)
 
 
+# Megatron switches of the architecture that config.json does not state: the model's type
+# implies them (name -> (what it builds, whether the model has it)).
+IMPLIED_SWITCHES = {
+    # RMSNorms on each head's queries and keys (Qwen3, Qwen3-MoE), or on the query and
+    # key/value latents of multi-latent attention (DeepSeek-V3)
+    "qk_layernorm": ("q/k norms", lambda m: m.has_qk_norm or m.is_mla),
+}
+
+
 def read_model_spec(path: Path, is_hf_dir: bool, *,
                     job_architecture: dict[str, tuple[str, Any]] | None = None,
                     notices: list[str] | None = None) -> ModelSpec:
@@ -323,8 +333,42 @@ def read_model_spec(path: Path, is_hf_dir: bool, *,
     ``job_architecture``: Megatron architecture keys the job's sections write (Megatron
     name -> (dotted key, value)). MindSpeed-RL merges them over its model yaml; here the
     model's file is the one source (vLLM reads config.json too), so a value it states must
-    agree and one it leaves out is filled in; a line for each goes to ``notices``.
+    agree and one it leaves out is filled in; a switch its type implies
+    (``IMPLIED_SWITCHES``) must agree with the type; a line for each goes to ``notices``.
     """
+    job = dict(job_architecture or {})
+    implied = {name: job.pop(name) for name in IMPLIED_SWITCHES if name in job}
+    spec = _read_model_file(path, is_hf_dir, job, notices)
+    _check_implied_switches(spec, implied, notices)
+    return spec
+
+
+def _check_implied_switches(spec: ModelSpec, job: dict[str, tuple[str, Any]],
+                            notices: list[str] | None) -> None:
+    """The job's ``IMPLIED_SWITCHES`` against the model that was read."""
+    problems = []
+    model = f"the model ({spec.model_type}, in {Path(spec.source).name})"
+    for name, (dotted, value) in job.items():
+        what, has = IMPLIED_SWITCHES[name]
+        stated = f"{model} {'has' if has(spec) else 'has no'} {what}"
+        if not isinstance(value, bool):
+            problems.append(ConfigError(dotted, "expected true or false",
+                                        f"remove the key ({stated})", value=value))
+        elif value != has(spec):
+            problems.append(ConfigError(dotted, f"{stated}: the architecture has one source "
+                                        "here, the model's file, which vLLM reads too",
+                                        "remove the key (the model's file decides: its "
+                                        f"model_type, or {name} in a MindSpeed-RL model yaml)",
+                                        value=value))
+        elif notices is not None:
+            notices.append(f"{dotted}={show_value(value)}: {stated}: the same")
+    if problems:
+        raise ConfigErrors(problems, spec.source)
+
+
+def _read_model_file(path: Path, is_hf_dir: bool, job_architecture: dict[str, tuple[str, Any]],
+                     notices: list[str] | None) -> ModelSpec:
+    """`read_model_spec` without the switches the model's type implies."""
     if is_hf_dir:
         config_json = path / "config.json"
         if not config_json.is_file():
@@ -350,7 +394,12 @@ def read_model_spec(path: Path, is_hf_dir: bool, *,
                                     "rope_scaling": rope_scaling_of(raw)})
     raw = read_yaml_file(path, MODEL_KEY)
     if is_megatron_model_yaml(raw):
-        _merge_job_architecture(next(iter(raw.values())), job_architecture, path, notices,
+        (name, body), = raw.items()
+        problems: list[ConfigError] = []
+        raw = {name: underscored(body, name, problems, notices)[0]}  # '-' read as '_'
+        if problems:
+            raise ConfigErrors(problems, str(path))
+        _merge_job_architecture(raw[name], job_architecture, path, notices,
                                 hf_names=False, fill=True)
         hf, settings = translate_megatron_model(raw, str(path))
         return build_section(ModelSpec, hf, "model", source=f"in {path}",

@@ -17,11 +17,12 @@ from typing import Any
 from mindspeed_rl.config.config_error import ConfigError, ConfigErrors, show_value
 from mindspeed_rl.algorithms import registry
 from mindspeed_rl.config.megatron_model_yaml import MEGATRON_TO_HF
+from mindspeed_rl.config.model_spec import IMPLIED_SWITCHES
 from mindspeed_rl.config.mindspeed_keys import (FAMILY_SECTIONS, GENERATE, HONOURED, MEGATRON,
                                                 NOT_APPLICABLE, RL, SAMPLING, TOP, TRANSLATED,
-                                                family_of, known_names,
-                                                not_applicable_error, notice_line, row,
-                                                typo_hint)
+                                                UNDERSCORED_SECTIONS, family_of,
+                                                known_names, not_applicable_error,
+                                                notice_line, row, typo_hint, underscored)
 from mindspeed_rl.config.schema import SECTIONS, RLConfig, SamplingConfig
 
 _MEGATRON_SCHEMA_SECTIONS = ("megatron_training", "actor_config")
@@ -48,7 +49,9 @@ class Normalised:
     # keys only MindSpeed-RL before 2025-05-15 had: the file counts mini_batch_size in
     # responses, as MindSpeed-RL did then
     dated_by: list[str] = field(default_factory=list)
-    written: dict[str, Any] = field(default_factory=dict)   # the file as parsed
+    written: dict[str, Any] = field(default_factory=dict)   # the file as parsed ('-' as '_')
+    # keys written with '-' (read as '_'): "section.key" -> "section.key-as-written"
+    spellings: dict[str, str] = field(default_factory=dict)
 
 
 def _fields(section: str) -> set[str]:
@@ -74,7 +77,7 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
     out = Normalised({name: {} for name in SECTIONS})
     problems: list[ConfigError] = []
     translated: dict[str, tuple[str, Any]] = {}   # key -> (dotted where written, value)
-    out.written = raw
+    raw = out.written = _underscored_sections(raw, out, problems)
     out.separate_workers = _separate_workers(raw.get("rl_config"), problems)
 
     _top_level(raw, file_name, out, problems)
@@ -84,6 +87,18 @@ def normalise(raw: dict, file_name: str, algorithm: str = "grpo") -> Normalised:
     if problems:
         raise ConfigErrors(problems, file_name)
     return out
+
+
+def _underscored_sections(raw: dict, out: Normalised, problems: list) -> dict:
+    """The file with '-' in the keys of MindSpeed-RL's sections read as '_', as its config
+    classes read them (``mindspeed_keys.underscored``)."""
+    raw = dict(raw)
+    for section in UNDERSCORED_SECTIONS:
+        if isinstance(raw.get(section), dict):
+            raw[section], spelled = underscored(raw[section], section, problems, out.notices)
+            out.spellings.update({f"{section}.{key}": f"{section}.{written}"
+                                  for key, written in spelled.items()})
+    return raw
 
 
 def _top_level(raw: dict, file_name: str, out: Normalised, problems: list) -> None:
@@ -203,9 +218,10 @@ def _dapo_without_reference(out: Normalised, stage: tuple[str, Any]) -> None:
 def _place(out: Normalised, problems: list, translated: dict, section: str, key: str,
            value: Any, target: dict) -> None:
     dotted = f"{section}.{key}"
+    dotted = out.spellings.get(dotted, dotted)   # named as written
     family = family_of(section)
     if section == "ref_config":
-        _place_reference_key(out, problems, key, value, target)
+        _place_reference_key(out, problems, key, value, target, dotted)
         return
     if section == "reward_config" and out.separate_workers and key in _LAYOUT:
         # the reward model's own NPUs and layout in MindSpeed-RL: co-located here
@@ -218,12 +234,12 @@ def _place(out: Normalised, problems: list, translated: dict, section: str, key:
         target[key] = value
         return
     if section in _ROLE_SECTIONS:
-        _place_role_key(out, problems, section, key, value)
+        _place_role_key(out, problems, section, key, value, dotted)
         return
     if (family, key) in _RESPONSES_ERA:
         out.dated_by.append(dotted)
-    if section in _MEGATRON_SCHEMA_SECTIONS and key in MEGATRON_TO_HF and key != "num_layers" \
-            and value is not None:
+    if section in _MEGATRON_SCHEMA_SECTIONS and (key in MEGATRON_TO_HF or key in IMPLIED_SWITCHES) \
+            and key != "num_layers" and value is not None:
         # MindSpeed-RL merges megatron_training over the model yaml: the loader checks the
         # value against the model (one architecture for training and vLLM).
         out.architecture[key] = (dotted, value)
@@ -253,10 +269,9 @@ _LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
 
 
 def _place_reference_key(out: Normalised, problems: list, key: str, value: Any,
-                         target: dict) -> None:
+                         target: dict, dotted: str) -> None:
     """ref_config: ``load`` (and ``model``, the actor's); in MindSpeed-RL's separate-worker
     format also the reference worker's own Megatron settings (its layout, micro-batch)."""
-    dotted = f"ref_config.{key}"
     if key == "load" or key in _LAYOUT and value is None:  # null layout: the actor's
         target[key] = value
         return
@@ -280,8 +295,7 @@ def _place_reference_key(out: Normalised, problems: list, key: str, value: Any,
 
 
 def _place_role_key(out: Normalised, problems: list, section: str, key: str,
-                    value: Any) -> None:
-    dotted = f"{section}.{key}"
+                    value: Any, dotted: str) -> None:
     if key == "model" and section == "critic_config":
         model = out.sections["megatron_training"].get("model")
         if model is not None and model != value:
@@ -340,9 +354,10 @@ def _unknown(dotted: str, key: str, section: str, family: str | None) -> ConfigE
                 hint = (f"it belongs in another section{older}: did you mean "
                         f"{sections[0]}.{key}?")
                 break
+    named = "it" if dotted.endswith(f".{key}") else key   # a '-' read as '_'
     return ConfigError(dotted, "unknown key", hint or "never a MindSpeed-RL key: neither this "
-                       "project nor any MindSpeed-RL version (2025-03 to 2026-04) has it in "
-                       f"{section}; see docs/config.md for the keys of each section")
+                       "project nor any MindSpeed-RL version (2025-03 to 2026-04) has "
+                       f"{named} in {section}; see docs/config.md for the keys of each section")
 
 
 def _defaults_models(value: Any, problems: list) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from mindspeed_rl.config.batch_plan import longest_row
 from mindspeed_rl.config.preference import PAIR
 from mindspeed_rl.config.model_spec import ModelSpec
 from mindspeed_rl.config.rank_parameters import padded_vocab_size, params_per_rank
@@ -108,10 +109,10 @@ def memory_bytes(config: RLJobConfig, layout: ParallelLayout,
 
 def update_micro_batch_tokens(config: RLJobConfig) -> int:
     """Tokens of the largest update micro-batch: the packing budget with use_dynamic_bsz,
-    else micro_batch_size rows of the longest prompt + response (DPO: micro_batch_size
-    pairs of two sequences of up to seq_length tokens)."""
+    else micro_batch_size rows of the longest row (prompt + response, within max_model_len;
+    DPO: micro_batch_size pairs of two sequences of up to seq_length tokens)."""
     rl = config.rl_config
-    longest = rl.max_prompt_length + config.features.response_limit
+    longest = longest_row(config)
     if config.features.pairs:
         longest = PAIR * config.megatron_training.seq_length
     if rl.use_dynamic_bsz:

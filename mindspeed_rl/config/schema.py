@@ -442,8 +442,9 @@ class RLConfig:
         "the length of one packed sequence, without it rows x the micro-batch's longest row. "
         "As in MindSpeed-RL it is the default of the update_, actor_ and ref_ budgets (and the "
         "budget of the critic's values and the reward model); every budget a phase of the job "
-        "uses must hold the longest row, max_prompt_length + max_tokens (MindSpeed-RL "
-        "suggests twice that), the others are not checked"))
+        "uses must hold the longest row, max_prompt_length + max_tokens (at most "
+        "generate_config.max_model_len; MindSpeed-RL suggests twice that), the others are not "
+        "checked"))
     update_max_packing_token_size: int | None = setting(None, (
         "the token budget of the actor's (and the critic's) update micro-batches; null = "
         "max_packing_token_size"))
@@ -538,8 +539,10 @@ class GenerateConfig:
     infer_tensor_parallel_size: int = setting(1, "vLLM tensor parallelism (TP_g); generation DP "
                                                  "= world / TP_g")
     max_num_seqs: int = setting(64, "sequences vLLM decodes concurrently per instance")
-    max_model_len: int = setting(512, "vLLM context length; must hold max_prompt_length + "
-                                      "max_tokens")
+    max_model_len: int = setting(512, (
+        "vLLM context length: a longest prompt must leave room for a response; vLLM stops a "
+        "response there (finish reason length), with a warning when max_prompt_length + "
+        "max_tokens exceeds it (refused with partial rollout or tool turns)"))
     max_num_batched_tokens: int | None = setting(None, "tokens per vLLM scheduler step; null = "
                                                        "vLLM's default")
     gpu_memory_utilization: float = setting(0.2, (
@@ -557,8 +560,10 @@ class GenerateConfig:
     offload_train_grad: bool = setting(True, "move gradient buffers to host during generation")
     offload_train_optimizer: bool = setting(True, "move optimizer state to host during "
                                                   "generation")
-    enable_prefix_caching: bool = setting(True, "vLLM automatic prefix caching (prompts sharing "
-                                                "a chat-template prefix reuse its KV blocks)")
+    enable_prefix_caching: bool = setting(True, (
+        "vLLM automatic prefix caching (prompts sharing a chat-template prefix reuse its KV "
+        "blocks); turned off, with a line in the plan, for rl_config.router_replay R3 (its "
+        "routes need every prompt token computed)"))
     enable_expert_parallel: bool = setting(False, (
         "vLLM expert parallelism for MoE models: each expert lives whole on one rank of "
         "infer_tensor_parallel_size x infer_expert_parallel_size ranks instead of being split "

@@ -13,7 +13,7 @@ L, k]`` (the last sampled token is never fed), as vLLM's own ``routed_experts``.
 
 Every prompt token must be computed by the engine: with prefix caching a cached prefix is
 not, and the recorder refuses a request whose first recorded position is not 0
-(``config/checks/routing_replay.py`` refuses router_replay R3 with prefix caching on).
+(the config loader turns prefix caching off for router_replay R3).
 """
 
 from __future__ import annotations

@@ -204,6 +204,23 @@ def _kv_cache_shortfall(message: str, max_model_len: int, gpu_memory_utilization
             "or raise generate_config.gpu_memory_utilization")
 
 
+def response_budgets(prompt_lengths: Sequence[int], max_tokens: Sequence[int],
+                     min_tokens: Sequence[int], max_model_len: int) -> tuple[list[int], list[int]]:
+    """Each prompt's (max_tokens, min_tokens) within ``max_model_len``: a response that would
+    run past it gets max_tokens = max_model_len - prompt, where vLLM stops it too (finish
+    reason "length"; the dry run warns); a prompt that leaves no room for one token is
+    refused, as vLLM refuses it."""
+    most, least = [], []
+    for i, (length, limit, floor) in enumerate(zip(prompt_lengths, max_tokens, min_tokens)):
+        room = max_model_len - length
+        if room < 1:
+            raise RolloutConfigError(f"prompt {i} has {length} tokens: it leaves no room for a "
+                                     f"response in generate_config.max_model_len={max_model_len}")
+        most.append(min(limit, room))
+        least.append(min(floor, most[-1]))
+    return most, least
+
+
 def check_finite_logprobs(result: RolloutResult, dp_rank: int = 0) -> None:
     """Raise :class:`~mindspeed_rl.fault.nonfinite.NonFiniteError` if vLLM returned a NaN or
     infinite log-prob: it would reach the loss through the rollout log-probs. The sampled
@@ -551,7 +568,8 @@ class RolloutEngine:
         return self.llm.llm_engine.has_unfinished_requests()
 
     def _params(self, prompts, n, sampling, seeds, max_tokens, min_tokens) -> list:
-        """vLLM SamplingParams per prompt, checked against the engine's context length."""
+        """vLLM SamplingParams per prompt, within the engine's context length
+        (`response_budgets`)."""
         from vllm import SamplingParams
 
         if sampling.temperature == 0 and n > 1:
@@ -563,12 +581,8 @@ class RolloutEngine:
         for name, values in (("seeds", seeds), ("max_tokens", most), ("min_tokens", least)):
             if values is not None and len(values) != len(prompts):
                 raise ValueError(f"{len(values)} {name} for {len(prompts)} prompts")
-        for i, p in enumerate(prompts):
-            if len(p) + most[i] > self.max_model_len:
-                raise RolloutConfigError(
-                    f"prompt {i} has {len(p)} tokens; with sampling_config.max_tokens="
-                    f"{most[i]} it exceeds generate_config.max_model_len="
-                    f"{self.max_model_len}")
+        most, least = response_budgets([len(p) for p in prompts], most, least,
+                                       self.max_model_len)
         return [SamplingParams(
             n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
             min_p=sampling.min_p, max_tokens=most[i], min_tokens=least[i],

@@ -2,7 +2,8 @@
 
 R2 replays in the update the routes the old-log-prob pass recorded; R3 the routes vLLM chose
 during the rollout. Both need a MoE model and one pipeline stage and context-parallel rank;
-R3 also vLLM's in-process routers and no prefix caching.
+R3 also vLLM's in-process routers (and no prefix caching: the loader turns it off for R3,
+``loader._prefix_caching_for_r3``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,3 @@ def check_router_replay(config: RLJobConfig) -> None:
                 f"records vLLM's routed experts through vLLM's in-process routers "
                 f"(BaseRouter.set_capture_fn), which the {device} engine (vllm-ascend) does "
                 "not provide", "use router_replay: R2 (training-side replay) on this platform")
-        require(not config.generate_config.enable_prefix_caching,
-                "generate_config.enable_prefix_caching", True,
-                "router_replay: R3 records the experts of every prompt token as vLLM computes "
-                "them, and a cached prefix is not computed again",
-                "set enable_prefix_caching: false with router_replay: R3")

@@ -14,7 +14,7 @@ if [[ ! -f cache/dpo_pairs/train.jsonl ]]; then
   echo "[demo] sampling preference pairs from the model (once; cached in cache/dpo_pairs)"
   "$PY" -m mindspeed_rl.fault.torchrun --standalone --nproc_per_node 2 \
     tools/make_preference_pairs.py --model "$MODEL_DIR" --data "$DATA_DIR/train.jsonl" \
-    --out cache/dpo_pairs/train.jsonl --max-prompts 400 --samples 8 --temperature 1.0 \
+    --out cache/dpo_pairs/train.jsonl --max-prompts 320 --samples 8 --temperature 1.0 \
     --max-tokens 48 --verifiers integer_answer,final_answer_format
 fi
 echo "[demo] DPO on 2 CPU ranks (docs/results.md lists measured times); metrics: $OUT/logs/metrics.jsonl"

@@ -565,6 +565,10 @@ HISTORY = {
     "grpo_deepseek_r1_671b_A3.yaml@4f551e3": "OK",
     # a longest prompt's response stops 4 tokens short of max_tokens, at max_model_len: a warning
     "grpo_deepseek_r1_671b_A2.yaml@4f551e3": "OK",
+    # DPO (pretrain_dpo.py): Qwen3-30B-A3B at TP 2 x PP 8, hyphenated min-lr, their first
+    # and latest versions
+    "dpo_qwen3_30b_a3b_A3.yaml@870967a": "OK",
+    "dpo_qwen3_30b_a3b_A3.yaml@c25365f": "OK",
     # refused: no data path
     "grpo_trainer_qwen25_7b.yaml@8eddc32": "megatron_training.data_path=null: required key is "
                                            "empty",
@@ -583,7 +587,8 @@ def _show(commit: str, path: str) -> str | None:
 @pytest.mark.parametrize("entry", sorted(HISTORY))
 def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
     """Their file unchanged, with their model yamls of the same commit, at their own
-    actor_resource.num_npus (pretrain_ppo.py's algorithm for ppo_*)."""
+    actor_resource.num_npus (pretrain_ppo.py's algorithm for ppo_*, pretrain_dpo.py's for
+    dpo_*)."""
     name, commit = entry.split("@")
     text = _show(commit, f"configs/{name}")
     for folder, into in (("configs/model", tmp_path / "model"),
@@ -594,8 +599,12 @@ def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
                 (into / item).write_text(_show(commit, f"{folder}/{item}"))
     (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
-    world = yaml.safe_load(text).get("rl_config", {}).get("actor_resource", {}).get("num_npus", 1)
-    algorithm = "ppo" if name.startswith("ppo_") else "grpo"
+    raw = yaml.safe_load(text)
+    world = raw.get("rl_config", {}).get("actor_resource", {}).get("num_npus")
+    if world is None:  # a DPO config has no resources: its TP x PP (DP 1), 16 for theirs
+        mt = raw["megatron_training"]
+        world = mt["tensor_model_parallel_size"] * mt["pipeline_model_parallel_size"]
+    algorithm = {"ppo_": "ppo", "dpo_": "dpo"}.get(name[:4], "grpo")
     argv = ["--config", name, "--dry-run", "--world-size", str(world), "--algorithm", algorithm]
     if HISTORY[entry] == "OK":
         config = load_config(name, check_data=False, algorithm=algorithm)
@@ -617,21 +626,19 @@ def _their_files(commit: str, name: str, into: Path) -> None:
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))
 def test_their_dpo_config_reads_min_lr_and_qk_layernorm(tmp_path, monkeypatch):
-    """MindSpeed-RL's DPO config writes ``min-lr: 0`` (Megatron's spelling) and
-    ``qk_layernorm: true`` in megatron_training: read as min_lr, and as the Qwen3-MoE's own q/k
-    norms. Its DPO keys (stage, is_pairwise_dataset, attention_mask_type general) are left out
-    here: this loads it as a GRPO job."""
+    """MindSpeed-RL's DPO config as published: ``min-lr: 0`` (Megatron's spelling) read as
+    min_lr, ``qk_layernorm: true`` as the Qwen3-MoE's own q/k norms, its DPO keys as
+    pretrain_dpo.py's, ``ref_model`` as the reference's checkpoint."""
     name = "dpo_qwen3_30b_a3b_A3.yaml"
     _their_files("05a90d7", name, tmp_path)
     text = (tmp_path / name).read_text()
     assert "  min-lr: 0\n" in text and "  qk_layernorm: true\n" in text
-    for line in ("  stage: dpo\n", "  is_pairwise_dataset: true\n"):
-        text = text.replace(line, "")
-    (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
-    config = load_config(name, ["generate_config.max_model_len=8192",
-                                "actor_config.attention_mask_type=causal"], check_data=False)
+    config = load_config(name, check_data=False, algorithm="dpo")
     assert config.actor_config.min_lr == 0 and config.model.model_type == "qwen3_moe"
+    assert config.features.phases == ("pairs", "reference_model", "preference_update")
+    assert config.ref_config.load.endswith("Qwen3-30B-TP2-PP8-EP1")
+    assert config.actor_config.lr == 5e-8 and config.megatron_training.dpo_loss_type == "sigmoid"
     assert notice(config, "megatron_training.min-lr=0").endswith("read as megatron_training."
                                                                  "min_lr (MindSpeed-RL reads '-' "
                                                                  "in a key as '_', as Megatron's "
@@ -639,6 +646,10 @@ def test_their_dpo_config_reads_min_lr_and_qk_layernorm(tmp_path, monkeypatch):
     assert notice(config, "megatron_training.qk_layernorm=true") == (
         "megatron_training.qk_layernorm=true: the model (qwen3_moe, in qwen3_30b_a3b.yaml) has "
         "q/k norms: the same")
+    plan = make_plan(config, 16)
+    assert (plan.layout.tensor_model_parallel_size, plan.layout.pipeline_model_parallel_size,
+            plan.layout.data_parallel_size) == (2, 8, 1)
+    assert plan.batch.responses_per_iteration == 128 and not plan.engine   # 64 pairs
 
 
 @pytest.mark.skipif(not MSRL.exists(), reason="no MindSpeed-RL mirror at " + str(MSRL))

@@ -66,8 +66,8 @@ def pairs_of(prompts, completions, scores, tokenizer) -> list[dict]:
     return rows
 
 
-def _sample(args, rank: int, world: int) -> list[dict]:
-    """This rank's share of the prompts, sampled and scored: its pairs."""
+def _sample(args, rank: int, world: int):
+    """This rank's share of the prompts, sampled and scored: (its pairs, the engine)."""
     from transformers import AutoTokenizer
 
     from mindspeed_rl.config.schema import SamplingConfig
@@ -102,9 +102,8 @@ def _sample(args, rank: int, world: int) -> list[dict]:
     answers = [i.answer for i in items for _ in range(args.samples)]
     _, per_verifier = compute_rewards(texts, answers, names, [1.0] * len(names))
     first = per_verifier[names[0]].view(len(items), args.samples).tolist()
-    engine.shutdown()
     prompts = [_Prompt(raw[i.source_row], i.answer) for i in items]
-    return pairs_of(prompts, completions, first, tokenizer)
+    return pairs_of(prompts, completions, first, tokenizer), engine
 
 
 class _Prompt:
@@ -133,12 +132,13 @@ def main(argv=None) -> int:
     init_distributed(setup_platform())
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        mine = _sample(args, rank, world)
+        mine, engine = _sample(args, rank, world)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
+    engine.shutdown()  # after the last collective: vLLM's shutdown ends the process group
     if rank == 0:
         rows = [row for part in gathered for row in part]
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -147,7 +147,8 @@ def main(argv=None) -> int:
         os.replace(args.out + ".tmp", args.out)  # no half-written file under the final name
         print(f"wrote {len(rows)} pairs to {args.out} (from {args.max_prompts or 'all'} "
               f"prompts x {args.samples} samples)")
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

@@ -243,7 +243,7 @@ BAD_ROWS = [
     ("a prompt file given to DPO", [{"prompt": "What is 1 + 1 ?", "answer": "2"}], None,
      r"row 0 of .*p\.jsonl has no 'chosen' column .*prompt files \(prompt \+ answer\) train "
      r"with pretrain_grpo\.py"),
-    ("no instruction column", [{"prompt": "Hi", "chosen": "a", "rejected": "b"}], None,
+    ("no instruction column", [{"question": "Hi", "chosen": "a", "rejected": "b"}], None,
      r"row 0 of .*p\.jsonl has no 'instruction' column .*name the prompt's column in map_keys"),
     ("map_keys names a missing column", ORCA, {"prompt": "query_text", "system": "system"},
      r"row 0 of .*p\.jsonl has no 'query_text' column, which map_keys\.prompt names"),

@@ -65,17 +65,22 @@ def read_indexed_prompts(prefix: str, data_path_key: str = "megatron_training.da
 def write_indexed_prompts(prefix: str, rows: Iterable[tuple[Sequence[int], Sequence[int]]]
                           ) -> int:
     """Write (prompt ids, answer ids) rows as MindSpeed-RL's packed format; returns the count."""
+    return _write_fields(prefix, FIELDS, ({"input_ids": list(p), "attention_mask": [1] * len(p),
+                                           "labels": list(a)} for p, a in rows))
+
+
+def _write_fields(prefix: str, fields: Sequence[str], documents: Iterable[dict]) -> int:
+    """One megatron-core indexed dataset per field (``field_prefix``), one document per
+    item of ``documents`` (field -> token ids); returns the count."""
     import numpy as np
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     os.makedirs(os.path.dirname(os.path.abspath(prefix)) or ".", exist_ok=True)
     builders = {f: IndexedDatasetBuilder(field_prefix(prefix, f) + ".bin", dtype=np.int32)
-                for f in FIELDS}
+                for f in fields}
     count = 0
-    for prompt_ids, answer_ids in rows:
-        values = {"input_ids": list(prompt_ids), "attention_mask": [1] * len(prompt_ids),
-                  "labels": list(answer_ids)}
+    for values in documents:
         for f, builder in builders.items():
             builder.add_item(torch.tensor(values[f], dtype=torch.int64))
             builder.end_document()
@@ -143,24 +148,12 @@ def write_indexed_pairs(prefix: str,
                         rows: Iterable[tuple[Sequence[int], Sequence[int], Sequence[int]]]) -> int:
     """Write (prompt ids, chosen ids, rejected ids) rows as MindSpeed-RL's packed pairwise
     format (module docstring); returns the count."""
-    import numpy as np
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    def documents():
+        for prompt_ids, chosen_ids, rejected_ids in rows:
+            prompt = [IGNORE_INDEX] * len(prompt_ids)
+            yield {"chosen_input_ids": [*prompt_ids, *chosen_ids],
+                   "chosen_labels": [*prompt, *chosen_ids],
+                   "rejected_input_ids": [*prompt_ids, *rejected_ids],
+                   "rejected_labels": [*prompt, *rejected_ids]}
 
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)) or ".", exist_ok=True)
-    builders = {f: IndexedDatasetBuilder(field_prefix(prefix, f) + ".bin", dtype=np.int32)
-                for f in PAIR_FIELDS}
-    count = 0
-    for prompt_ids, chosen_ids, rejected_ids in rows:
-        prompt = [IGNORE_INDEX] * len(prompt_ids)
-        values = {"chosen_input_ids": [*prompt_ids, *chosen_ids],
-                  "chosen_labels": [*prompt, *chosen_ids],
-                  "rejected_input_ids": [*prompt_ids, *rejected_ids],
-                  "rejected_labels": [*prompt, *rejected_ids]}
-        for f, builder in builders.items():
-            builder.add_item(torch.tensor(values[f], dtype=torch.int64))
-            builder.end_document()
-        count += 1
-    for f, builder in builders.items():
-        builder.finalize(field_prefix(prefix, f) + ".idx")
-    return count
+    return _write_fields(prefix, PAIR_FIELDS, documents())

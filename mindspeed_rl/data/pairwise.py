@@ -45,8 +45,7 @@ from typing import Any
 from mindspeed_rl.data.indexed import (field_prefix, is_indexed_pair_prefix, is_indexed_prefix,
                                        read_indexed_pairs)
 from mindspeed_rl.data.prompt_dataset import PromptDataset
-from mindspeed_rl.data.prompts import (PROMPT_TEXT_COLUMN, RawPrompt, data_files, load_table,
-                                       tokenize_prompts)
+from mindspeed_rl.data.prompts import PROMPT_TEXT_COLUMN, RawPrompt, tables, tokenize_prompts
 
 # MindSpeed-RL's alpaca column names (InstructionDatasetAttr); "response" is the
 # instruction handlers' single answer, which a pair replaces by chosen and rejected.
@@ -239,12 +238,7 @@ def _file_pairs(path: str, tokenizer, map_keys, apply_chat_template: bool,
                 data_path_key: str) -> list[tuple[PairItem, tuple[str, str]]]:
     """(pair, its file's chosen and rejected column names) for every row of ``path``."""
     out = []
-    for file in data_files(path, data_path_key):
-        if os.path.getsize(file) == 0:
-            continue
-        table = load_table(file)
-        if len(table) == 0:
-            continue
+    for file, table in tables(path, data_path_key):
         if set(PAIR_IDS_COLUMNS) <= set(table.column_names):
             out += [(item, PAIR_IDS_COLUMNS[1:]) for item in _pre_tokenized_pairs(file, table)]
             continue

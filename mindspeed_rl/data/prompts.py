@@ -49,6 +49,16 @@ class RawPrompt:
     answer_ids: list[int] | None = None  # an indexed dataset's labels, decoded by the loader
 
 
+def tables(path: str, data_path_key: str = "megatron_training.data_path"):
+    """(file, its rows) of every non-empty data file of ``path``, in order."""
+    for file in data_files(path, data_path_key):
+        if os.path.getsize(file) == 0:
+            continue
+        table = load_table(file)
+        if len(table):
+            yield file, table
+
+
 def data_files(path: str, data_path_key: str = "megatron_training.data_path") -> list[str]:
     """The data files ``path`` names: itself, or the supported files of a directory."""
     if os.path.isdir(path):
@@ -207,12 +217,7 @@ def read_prompt_rows(path: str, prompt_key: str = "prompt", answer_key: str | No
                 for i, (p, a) in enumerate(zip(prompts, answers))]
     rows: list[RawPrompt] = []
     skipped = []  # (file, its rows with an empty prompt, its row count)
-    for file in data_files(path, data_path_key):
-        if os.path.getsize(file) == 0:
-            continue
-        table = load_table(file)
-        if len(table) == 0:
-            continue
+    for file, table in tables(path, data_path_key):
         pre_tokenized = PROMPT_IDS_COLUMN in table.column_names
         columns = set(table.column_names)
         _check_not_pairwise(file, table, answer_key)

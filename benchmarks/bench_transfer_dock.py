@@ -14,7 +14,7 @@ consumer layouts and get sizes:
 1. rollout: every generation-DP rank (``--infer-tp`` ranks each; its first rank
    writes) puts its prompts' ``n_samples_per_prompt`` rows with every rollout
    column (variable lengths, log-normal around ``--mean-len``, capped at
-   ``--max-len``);
+   ``--max-len``; DPO's pairs phase puts the same rows, its own columns only);
 2. reward and (GRPO) adv on the generation writers, adv in whole groups;
 3. the forward phases (reward_model with ``--reward-model``, values for PPO,
    old_log_p with ``--mini-batches`` > 1, reference_model) on the training-DP
@@ -106,7 +106,8 @@ def _phases(args) -> list[str]:
 
 
 def _rollout(args, rank: int, world: int, iteration: int) -> dict:
-    """This rank's rollout rows (the generation writers' share; others put nothing)."""
+    """This rank's rollout rows (the generation writers' share; others put nothing); a
+    family whose rows come from its data (DPO's pairs) puts the columns it declares."""
     if rank % args.infer_tp:
         return {}
     rows_per_writer = args.rows // (world // args.infer_tp)
@@ -147,15 +148,16 @@ def _iteration(args, flow: SampleFlow, phases: list[str], rollout: dict, world: 
     for phase in phases:
         reads = [c for c in COLUMNS if phase in COLUMNS[c].consumers and c in flow.active]
         writes = [c for c in COLUMNS if phase in COLUMNS[c].producers and c in flow.active]
-        if phase == "rollout":
-            flow.put_rows("rollout", rollout, group_size=n)
+        if phase in COLUMNS["prompt_ids"].producers:  # the rows' source (DPO: its pairs)
+            flow.put_rows(phase, {c: v for c, v in rollout.items() if c in writes},
+                          group_size=n)
             continue
         layout = "gen_writers" if phase in ("reward", "adv") else "train"
         rows = args.rows // (dp_g if layout == "gen_writers" else dp)
         gets = args.mini_batches if phase in ("update", "critic_update") else 1
         for k in range(gets):
             batch = flow.get(phase, reads, rows // gets, layout, consumer=f"{phase}_{k}",
-                             whole_groups=phase == "adv")
+                             whole_groups=phase in ("adv", "preference_update"))
             out = {c: _stand_in(c, batch) for c in writes} if batch is not None else {}
             if writes:
                 flow.put(phase, batch, out)

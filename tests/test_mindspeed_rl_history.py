@@ -600,11 +600,11 @@ def test_mindspeed_rl_configs_across_its_history(entry, tmp_path, monkeypatch):
     (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
     raw = yaml.safe_load(text)
-    world = raw.get("rl_config", {}).get("actor_resource", {}).get("num_npus")
-    if world is None:  # a DPO config has no resources: its TP x PP (DP 1), 16 for theirs
+    algorithm = {"ppo_": "ppo", "dpo_": "dpo"}.get(name[:4], "grpo")
+    world = raw.get("rl_config", {}).get("actor_resource", {}).get("num_npus", 1)
+    if algorithm == "dpo":  # a DPO config has no resources: its TP x PP (DP 1), 16 for theirs
         mt = raw["megatron_training"]
         world = mt["tensor_model_parallel_size"] * mt["pipeline_model_parallel_size"]
-    algorithm = {"ppo_": "ppo", "dpo_": "dpo"}.get(name[:4], "grpo")
     argv = ["--config", name, "--dry-run", "--world-size", str(world), "--algorithm", algorithm]
     if HISTORY[entry] == "OK":
         config = load_config(name, check_data=False, algorithm=algorithm)

@@ -161,3 +161,24 @@ def test_nonfinite_rollout_logprobs_are_caught():
                                 [Completion([1], [-0.5]), Completion([7, 8, 9], [-1, bad, -1])]])
         with pytest.raises(NonFiniteError, match=r"token 1 \(id 8\) of sample 1 of prompt 1"):
             check_finite_logprobs(result, dp_rank=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_all_finite_is_the_elementwise_test(dtype):
+    """The one-pass check answers as torch.isfinite(t).all() for a NaN, either infinity, both
+    infinities (their sum is NaN), anywhere in the tensor, and for finite values whose sum
+    overflows (the exact fallback), in every grad dtype."""
+    from mindspeed_rl.fault.nonfinite import all_finite
+
+    big = torch.finfo(dtype).max
+    cases = [torch.zeros(0, dtype=dtype), torch.randn(1000).to(dtype),
+             torch.full((1000,), big, dtype=dtype), torch.tensor([big, -big, big], dtype=dtype)]
+    for bad in ([float("nan")], [float("inf")], [float("-inf")], [float("inf"), float("-inf")]):
+        for where in (0, 517, 1000 - len(bad)):
+            t = torch.randn(1000).to(dtype)
+            t[where:where + len(bad)] = torch.tensor(bad, dtype=dtype)
+            cases.append(t)
+        cases.append(torch.cat([torch.full((10,), big, dtype=dtype), torch.tensor(bad, dtype=dtype)]))
+    for t in cases:
+        assert all_finite(t) == bool(torch.isfinite(t).all()), t
+    assert not all_finite(cases[-1]) and all_finite(cases[2])  # both kinds are in the cases

@@ -31,6 +31,9 @@ goes to stderr) with
   half of that per rank with 2 ranks);
 * ``compute_floor_s``: the iteration's model FLOPs over the matmul peak of all
   ranks (the time it would take at the measured peak), next to ``timing/all``;
+* ``times_compute_floor``: ``timing/all`` and each phase's timing (update, reference
+  forward, old log-probs, rollout) over that phase's own FLOPs at the same peak (medians
+  over the timed iterations; null without a peak or for a phase that did not run);
 * ``padding_efficiency`` and ``mfu_by_phase_trainer``: the trainer's
   ``perf/padding_efficiency/<phase>`` (real tokens / computed positions) and
   ``perf/mfu/<phase>`` (medians), and ``micro_batching``: each phase's micro-batch
@@ -205,6 +208,11 @@ def run(args, config, plan) -> dict | None:
                      world=world, matmul_peak=peak, threads=threads, device=device)
 
 
+# the FLOPs model's phases (iteration_flops) and the trainer's timing of each
+PHASE_TIMINGS = {"train": "timing/update", "ref": "timing/reference_model",
+                 "old": "timing/old_log_p", "rollout": "timing/rollout"}
+
+
 def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_ref: bool,
               world: int, matmul_peak: float | None, threads: int, device: str) -> dict:
     mt, rl = config.megatron_training, config.rl_config
@@ -219,16 +227,21 @@ def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_re
                                 with_old=not on_policy)
         total = sum(flops.values())
         t_all = m["timing/all"]
-        by_phase = {}
-        for phase, key in (("train", "timing/update"), ("ref", "timing/reference_model"),
-                           ("old", "timing/old_log_p"), ("rollout", "timing/rollout")):
+        by_phase, times_floor = {}, {}
+        peak_all = matmul_peak * 1e9 * world if matmul_peak else None
+        for phase, key in PHASE_TIMINGS.items():
             seconds = m.get(key)
             by_phase[phase] = (flops[phase] / seconds / world / 1e9
                                if flops[phase] and seconds else None)
+            # the phase's seconds over its FLOPs at the measured peak of all ranks
+            times_floor[key] = (seconds / (flops[phase] / peak_all)
+                                if peak_all and flops[phase] and seconds else None)
+        times_floor["timing/all"] = t_all / (total / peak_all) if peak_all else None
         per_iter.append({
             "flops": flops, "total": total, "prompt_tokens": P * rows, "response_tokens": R * rows,
             "e2e": (P + R) * rows / t_all / world,
             "gflops": total / t_all / world / 1e9, "by_phase": by_phase,
+            "times_floor": times_floor,
         })
     timing_keys = sorted({k for m in timed for k in m if k.startswith("timing/")})
     out: dict = {"config": config.config_path, "iterations": args.iterations, "warmup": args.warmup}
@@ -253,6 +266,9 @@ def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_re
         # next to the measured timing/all.
         "compute_floor_s": _round(_median(p["total"] for p in per_iter) / (
             matmul_peak * 1e9 * world), 3) if matmul_peak else None,
+        # How many times its compute floor each phase and the iteration took (medians).
+        "times_compute_floor": {k: _round(_median(p["times_floor"][k] for p in per_iter), 3)
+                                for k in ("timing/all", *PHASE_TIMINGS.values())},
         # The trainer's own accounting (mindspeed_rl.engine.efficiency), per phase.
         "padding_efficiency": {k.split("/", 2)[2]: _round(_median(m.get(k) for m in timed))
                                for k in sorted({k for m in timed for k in m

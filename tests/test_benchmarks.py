@@ -123,3 +123,31 @@ def test_bench_tools_times_both_modes():
             row = result[program][mode]
             assert row["calls"] == 2 and 0 < row["median_s"] <= row["p99_s"]
         assert all(f"added_median_ms_vs_{mode}" in result[program] for mode in modes[1:])
+
+
+def test_bench_grpo_puts_each_phase_over_its_own_compute_floor():
+    """times_compute_floor: a phase's seconds over its FLOPs at the peak of all ranks, the
+    iteration's over all its FLOPs (what issue-level speed goals are stated in)."""
+    from argparse import Namespace
+
+    from bench_grpo import iteration_flops, summarize
+
+    from mindspeed_rl.config import load_config, make_plan
+
+    config = load_config(str(ROOT / "configs" / "grpo_smollm2_demo.yaml"), check_data=False)
+    plan = make_plan(config, 2)
+    timed = [{"timing/all": 40.0 + i, "timing/update": 20.0 + i, "timing/reference_model": 7.0,
+              "timing/rollout": 8.0, "prompt_length/mean": 39.0, "response_length/mean": 24.0}
+             for i in range(3)]
+    out = summarize(Namespace(iterations=3, warmup=1), config, plan, timed, on_policy=True,
+                    with_ref=True, world=2, matmul_peak=50.0, threads=1, device="cpu")
+    flops = iteration_flops(config.model, prompt_len=39.0, response_len=24.0, num_prompts=8,
+                            n_samples=8, epochs=1, with_ref=True, with_old=False)
+    at_peak = 50.0e9 * 2
+    ratios = out["times_compute_floor"]
+    assert ratios["timing/update"] == round(21.0 / (flops["train"] / at_peak), 3)
+    assert ratios["timing/reference_model"] == round(7.0 / (flops["ref"] / at_peak), 3)
+    assert ratios["timing/rollout"] == round(8.0 / (flops["rollout"] / at_peak), 3)
+    assert ratios["timing/all"] == round(41.0 / (sum(flops.values()) / at_peak), 3)
+    assert ratios["timing/old_log_p"] is None  # on-policy: no such phase
+    assert out["compute_floor_s"] == round(sum(flops.values()) / at_peak, 3)

@@ -14,6 +14,7 @@ import torch
 from mindspeed_rl.config.batch_plan import MicroBatching
 from mindspeed_rl.engine.micro_batches import (RowBatch, build_micro_batch, make_micro_batches,
                                                 min_micro_batches, plan_micro_batches)
+from mindspeed_rl.testing import run_on_ranks
 
 
 def ragged_lengths(n=64, seed=0, prompt=(37, 39), longest=48, mean=12):
@@ -226,3 +227,46 @@ def test_counts_give_padding_efficiency_and_the_flops_of_real_tokens():
                  training=False)
     c = take_counts()
     assert c.real == c.computed == 21 and c.projected == 11
+
+
+def _phase_metrics(spec, counted_rows):
+    """On a rank: PhaseEfficiency's metrics of a rollout phase that generated
+    ``counted_rows`` (peak 10 GFLOPS per rank, 2 seconds)."""
+    from mindspeed_rl.engine.efficiency import PhaseEfficiency, count_generation
+
+    efficiency = PhaseEfficiency(spec, counted=True, peak_gflops=10.0)
+    count_generation(counted_rows)
+    return efficiency.after_phase("rollout", 2.0), efficiency.iteration()
+
+
+def test_generation_counts_one_prefill_per_context_and_give_the_rollout_floor():
+    """count_generation: a row of context c and r new tokens is one forward of c + r
+    positions with r through the output layer; rows with the same context key share its
+    prefill. perf/rollout_floor_s is those FLOPs at the peak; perf/compute_floor_s (the
+    training side) does not include them."""
+    from mindspeed_rl.config.model_spec import ModelSpec
+    from mindspeed_rl.engine.efficiency import count_generation, take_generated
+    from mindspeed_rl.metrics.flops import forward_flops, row_forward_flops
+
+    spec = ModelSpec(source="spec", model_type="llama", hidden_size=16, intermediate_size=32,
+                     num_hidden_layers=2, num_attention_heads=2, head_dim=8, vocab_size=50)
+    take_generated()
+    count_generation([("a", 4, 3), ("b", 6, 2)])  # two contexts, nothing shared
+    g = take_generated()
+    assert g.projected == 5 and forward_flops(
+        spec, tokens=g.tokens, causal_pairs=g.causal_pairs, projected=g.projected
+    ) == pytest.approx(row_forward_flops(spec, 4, 3) + row_forward_flops(spec, 6, 2))
+    count_generation([("a", 4, 3), ("a", 4, 5), ("a", 4, 1)])  # 3 samples of one prompt
+    g = take_generated()
+    prefill = forward_flops(spec, tokens=4, causal_pairs=10, projected=0)
+    assert forward_flops(spec, tokens=g.tokens, causal_pairs=g.causal_pairs,
+                         projected=g.projected) == pytest.approx(
+        sum(row_forward_flops(spec, 4, r) for r in (3, 5, 1)) - 2 * prefill)
+    [(metrics, iteration)] = run_on_ranks(_phase_metrics, 1, spec,
+                                          [("a", 4, 3), ("a", 4, 5), ("b", 6, 2)])
+    flops = (row_forward_flops(spec, 4, 3) + row_forward_flops(spec, 4, 5) - prefill
+             + row_forward_flops(spec, 6, 2))
+    assert metrics["perf/rollout_floor_s"] == pytest.approx(flops / 10e9)
+    assert metrics["perf/mfu/rollout"] == pytest.approx(flops / 2.0 / 10e9)
+    assert "perf/padding_efficiency/rollout" not in metrics
+    assert iteration["perf/compute_floor_s"] == 0.0

@@ -14,10 +14,21 @@ counted into metrics, summed over the training DP ranks:
   matmul peak measured on every rank at start-up (``perf/matmul_peak_gflops``);
 * ``perf/compute_floor_s``: the iteration's counted model FLOPs over the peak of
   all ranks: the time it would take at the measured peak.
+
+:func:`count_generation` (called by the rollout for every generation pass, on the rank
+that writes its vLLM instance's rows) adds up the FLOPs model's sums of what the engine
+generated; the phase that generated then reports
+
+* ``perf/model_tflops/<phase>`` and ``perf/mfu/<phase>`` as above;
+* ``perf/rollout_floor_s``: those FLOPs over the peak of all ranks (prefill once per
+  distinct context, as vLLM's prefix cache and the samples of one prompt share it; every
+  new token one forward position over its context, through the output layer). It is not
+  part of ``perf/compute_floor_s``, which counts the training side only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +50,7 @@ class _Counts:
 
 
 _COUNTS = _Counts()
+_GENERATED = _Counts()
 
 
 def count_tokens(micro, training: bool) -> None:
@@ -54,11 +66,32 @@ def count_tokens(micro, training: bool) -> None:
             _COUNTS.projected += passes * r
 
 
+def count_generation(rows: Iterable[tuple[Hashable, int, int]]) -> None:
+    """Add one generation pass of this process's engine: per row, the key of its context
+    (rows with equal keys share one prefill), the context's length and the new tokens."""
+    prefilled = set()
+    for key, context, new in rows:
+        if key not in prefilled:
+            prefilled.add(key)
+            _GENERATED.tokens += context
+            _GENERATED.causal_pairs += context * (context + 1) / 2
+        _GENERATED.tokens += new
+        _GENERATED.causal_pairs += new * context + new * (new + 1) / 2
+        _GENERATED.projected += new
+
+
 def take_counts() -> _Counts:
-    """This process's counts since the last call (and reset them)."""
+    """This process's forward counts since the last call (and reset them)."""
     global _COUNTS
     counts, _COUNTS = _COUNTS, _Counts()
     return counts
+
+
+def take_generated() -> _Counts:
+    """This process's generation counts since the last call (and reset them)."""
+    global _GENERATED
+    generated, _GENERATED = _GENERATED, _Counts()
+    return generated
 
 
 class PhaseEfficiency:
@@ -86,25 +119,36 @@ class PhaseEfficiency:
             peak_gflops = mine.item() / self.world
         self.peak_gflops = peak_gflops
         self._flops = 0.0
-        take_counts()
+        take_counts(), take_generated()
 
     def after_phase(self, name: str, seconds: float) -> dict[str, float]:
         """Metrics of the phase that just ran (all ranks call it; empty if it ran no
         micro-batches). One all-reduce when it did."""
-        counts = take_counts()
-        ran = torch.tensor([float(counts.computed > 0)])
+        counts, generated = take_counts(), take_generated()
+        ran = torch.tensor([float(counts.computed > 0 or generated.tokens > 0)])
         dist.all_reduce(ran, op=dist.ReduceOp.MAX)
         if not ran.item():
             return {}
-        t = torch.tensor(counts.as_list() if self.counted else [0.0] * 5, dtype=torch.float64)
+        # generation counts come from the instances' writers only (count_generation)
+        t = torch.tensor((counts.as_list() if self.counted else [0.0] * 5)
+                         + generated.as_list()[2:], dtype=torch.float64)
         dist.all_reduce(t)
-        real, computed, tokens, pairs, projected = t.tolist()
-        flops = forward_flops(self.spec, tokens=tokens, causal_pairs=pairs, projected=projected)
-        self._flops += flops
-        out = {f"perf/padding_efficiency/{name}": real / max(computed, 1.0),
-               f"perf/model_tflops/{name}": flops / 1e12}
+        real, computed, tokens, pairs, projected, g_tokens, g_pairs, g_projected = t.tolist()
+        peak = self.peak_gflops * 1e9 * self.world
+        out, flops = {}, 0.0
+        if computed > 0:
+            flops = forward_flops(self.spec, tokens=tokens, causal_pairs=pairs,
+                                  projected=projected)
+            self._flops += flops
+            out[f"perf/padding_efficiency/{name}"] = real / computed
+        if g_tokens > 0:
+            generated_flops = forward_flops(self.spec, tokens=g_tokens, causal_pairs=g_pairs,
+                                            projected=g_projected)
+            out["perf/rollout_floor_s"] = generated_flops / peak
+            flops += generated_flops
+        out[f"perf/model_tflops/{name}"] = flops / 1e12
         if seconds > 0:
-            out[f"perf/mfu/{name}"] = flops / seconds / self.world / (self.peak_gflops * 1e9)
+            out[f"perf/mfu/{name}"] = flops / seconds / peak
         return out
 
     def iteration(self) -> dict[str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mindspeed_rl.config import features as f
+from mindspeed_rl.engine.efficiency import count_generation
 from mindspeed_rl.trainer.context import PhaseContext
 from mindspeed_rl.trainer.rollout_parts.continuations import SingleTurn, ToolTurns
 from mindspeed_rl.trainer.rollout_parts.metrics import PassWork, rollout_metrics
@@ -41,6 +42,10 @@ class Rollout:
                 r.close_segment(start, version, iteration)
             work.response_tokens += sum(len(r.t.tokens) - b for r, b in zip(todo, before))
             work.prompt_tokens += sum(len(r.t.prompt) + b for r, b in zip(todo, before))
+            if ctx.ranks.is_gen_writer:  # its TP peers generated the same tokens
+                count_generation((tuple(r.t.prompt) + tuple(r.t.tokens[:b]),
+                                  len(r.t.prompt) + b, len(r.t.tokens) - b)
+                                 for r, b in zip(todo, before))
             self.source.put(rows)
         released, own = self.source.close()
         return {**rollout_metrics(ctx.flow, released, work, counted=ctx.ranks.is_gen_writer,

@@ -123,7 +123,7 @@ class PhaseEfficiency:
 
     def after_phase(self, name: str, seconds: float) -> dict[str, float]:
         """Metrics of the phase that just ran (all ranks call it; empty if it ran no
-        micro-batches). One all-reduce when it did."""
+        micro-batches and generated nothing). One all-reduce when it did."""
         counts, generated = take_counts(), take_generated()
         ran = torch.tensor([float(counts.computed > 0 or generated.tokens > 0)])
         dist.all_reduce(ran, op=dist.ReduceOp.MAX)

@@ -40,12 +40,13 @@ class Rollout:
                 todo, self.scheduler.limits(self.source, rows))
             for r, start in zip(todo, before):
                 r.close_segment(start, version, iteration)
-            work.response_tokens += sum(len(r.t.tokens) - b for r, b in zip(todo, before))
-            work.prompt_tokens += sum(len(r.t.prompt) + b for r, b in zip(todo, before))
+            # per row: its context (prompt + response so far) and the tokens this pass added
+            grown = [(r, len(r.t.prompt) + b, len(r.t.tokens) - b) for r, b in zip(todo, before)]
+            work.response_tokens += sum(new for _, _, new in grown)
+            work.prompt_tokens += sum(context for _, context, _ in grown)
             if ctx.ranks.is_gen_writer:  # its TP peers generated the same tokens
-                count_generation((tuple(r.t.prompt) + tuple(r.t.tokens[:b]),
-                                  len(r.t.prompt) + b, len(r.t.tokens) - b)
-                                 for r, b in zip(todo, before))
+                count_generation(((tuple(r.t.prompt) + tuple(r.t.tokens[:b]), context, new)
+                                  for (r, context, new), b in zip(grown, before)))
             self.source.put(rows)
         released, own = self.source.close()
         return {**rollout_metrics(ctx.flow, released, work, counted=ctx.ranks.is_gen_writer,

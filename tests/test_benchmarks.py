@@ -125,16 +125,20 @@ def test_bench_tools_times_both_modes():
         assert all(f"added_median_ms_vs_{mode}" in result[program] for mode in modes[1:])
 
 
-def test_bench_grpo_puts_each_phase_over_its_own_compute_floor():
+def test_bench_grpo_puts_each_phase_over_its_own_compute_floor(tmp_path):
     """times_compute_floor: a phase's seconds over its FLOPs at the peak of all ranks, the
-    iteration's over all its FLOPs (what issue-level speed goals are stated in)."""
+    iteration's over all its FLOPs (what issue-level speed goals are stated in). The demo's
+    batch and layout with a tiny model (a fresh clone has no cache/)."""
     from argparse import Namespace
 
     from bench_grpo import iteration_flops, summarize
 
     from mindspeed_rl.config import load_config, make_plan
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
 
-    config = load_config(str(ROOT / "configs" / "grpo_smollm2_demo.yaml"), check_data=False)
+    make_tiny_hf_dir("llama", tmp_path / "llama")
+    config = load_config(str(ROOT / "configs" / "grpo_smollm2_demo.yaml"),
+                         [f"megatron_training.model={tmp_path / 'llama'}"], check_data=False)
     plan = make_plan(config, 2)
     timed = [{"timing/all": 40.0 + i, "timing/update": 20.0 + i, "timing/reference_model": 7.0,
               "timing/rollout": 8.0, "prompt_length/mean": 39.0, "response_length/mean": 24.0}

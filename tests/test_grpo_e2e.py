@@ -6,6 +6,7 @@ back metrics.jsonl and the checkpoints.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -46,9 +47,17 @@ def launch(assets, run: str, *overrides: str, nproc: int = 2, timeout: int = 600
                    nproc=nproc, timeout=timeout)
 
 
+# profiler_config as MindSpeed-RL writes it, carried by the TP 2 run: two stages of its
+# second iteration, recorded on rank 0 only (tests/test_profiler.py tests the rest)
+PROFILED = ["profiler_config.integrated.profile=true",
+            "profiler_config.integrated.stage=[actor_generate,actor_update]",
+            "profiler_config.integrated.profile_step_start=2",
+            "profiler_config.integrated.profile_step_end=3",
+            "profiler_config.integrated.profile_ranks=[0]",
+            "profiler_config.integrated.profile_analysis=true"]
 LAYOUTS = {
     "tp2_to_tpg1": ["actor_config.tensor_model_parallel_size=2",
-                    "generate_config.infer_tensor_parallel_size=1"],
+                    "generate_config.infer_tensor_parallel_size=1", *PROFILED],
     # one mini-batch per iteration: the on-policy path (old log-probs from the update itself)
     "pp2_to_tpg2": ["actor_config.tensor_model_parallel_size=1",
                     "actor_config.pipeline_model_parallel_size=2",
@@ -123,6 +132,24 @@ def test_grpo_iterations_complete_with_all_metrics(layout_run, name):
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["iteration"] for r in evals] == [0, 3]
     assert "iter 3/3" in proc.stdout + proc.stderr
+
+
+def test_profiler_config_records_the_asked_stages_of_the_asked_iteration(assets, layout_run):
+    proc, _ = layout_run("tp2_to_tpg1")
+    folder = assets["root"] / "run_tp2_to_tpg1" / "logs" / "profiler_data"
+    assert (f"profiler: torch.profiler, phases rollout, update, iteration 2 of this launch, "
+            f"ranks 0 -> {folder}") in proc.stdout
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*.*")) == [
+        "actor_generate/rank0_iter2.pt.trace.json", "actor_generate/rank0_iter2.txt",
+        "actor_update/rank0_iter2.pt.trace.json", "actor_update/rank0_iter2.txt"]
+    def names(stage):
+        trace = json.loads((folder / stage / "rank0_iter2.pt.trace.json").read_text())
+        return {e.get("name") for e in trace["traceEvents"]}
+    update, rollout = names("actor_update"), names("actor_generate")
+    # megatron's backward and the optimizer step are in the update's trace, not the rollout's
+    assert "phase/update" in update and "aten::mm" in update
+    assert any("Backward" in n for n in update if n) and "phase/rollout" not in update
+    assert "phase/rollout" in rollout and not any("Backward" in n for n in rollout if n)
 
 
 def test_resume_reproduces_uninterrupted_run(assets, layout_run):

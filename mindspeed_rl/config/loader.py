@@ -23,6 +23,7 @@ from mindspeed_rl.config.mindspeed_keys import UNDERSCORED_SECTIONS
 from mindspeed_rl.config.model_spec import ModelSpec, read_model_spec, resolve_model_source
 from mindspeed_rl.config.normalise import normalise
 from mindspeed_rl.config.preference import resolve_pairs_rl
+from mindspeed_rl.config.profiling import profiler_notices
 from mindspeed_rl.config.schema import OPTIONAL_SECTIONS, SECTIONS, RLJobConfig
 from mindspeed_rl.config.typed_sections import build_section, field_types, nested_section_type
 from mindspeed_rl.config.yaml_source import parse_yaml_scalar, read_yaml_file
@@ -85,10 +86,12 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), *,
         sections["rl_config"] = resolve_pairs_rl(sections["rl_config"], raw["rl_config"],
                                                  sections["actor_config"].micro_batch_size)
     notices += _gspo_notice(sections["rl_config"]) + _npu_only_notices(sections)
+    notices += profiler_notices(sections["profiler_config"].integrated)
     warnings += _prompt_cut_warning(sections)
     for name in OPTIONAL_SECTIONS:
         if sections[name] is not None:
             sections[name] = _resolve_paths(sections[name])
+    sections["profiler_config"] = _resolved_profiler(sections["profiler_config"])
 
     config = RLJobConfig(**sections, model=model, config_path=str(config_path),
                          algorithm=algorithm, notices=tuple(notices), warnings=tuple(warnings))
@@ -341,6 +344,14 @@ def _resolve_paths(section):
         if f.metadata.get("path") and isinstance(value, str):
             changes[f.name] = str(Path(value).expanduser().absolute())
     return dataclasses.replace(section, **changes)
+
+
+def _resolved_profiler(section):
+    """``profile_save_path`` absolute; MindSpeed-RL's empty default is null (the log folder)."""
+    settings = section.integrated
+    if not settings.profile_save_path:
+        settings = dataclasses.replace(settings, profile_save_path=None)
+    return dataclasses.replace(section, integrated=_resolve_paths(settings))
 
 
 def _resolve_tokenizer(value: str) -> str:

@@ -138,8 +138,8 @@ ROWS: list[KeyRow] = [
     # ---- top level ----------------------------------------------------------------------
     KeyRow(TOP, "defaults", TRANSLATED, "hydra defaults list: its model names are looked up "
            "as model/<name>.yaml next to the config, megatron_training.model selects one"),
-    *_na(TOP, "profiler_config msprobe_config", "MindStudio profiler / probe settings; "
-         "not used here"),
+    *_na(TOP, "msprobe_config", "MindStudio's msprobe data dumps; not used here"),
+    KeyRow(TOP, "profiler_config", HONOURED, "profiler_config.integrated"),
 
     # ---- Megatron keys (megatron_training / actor_config) ----------------------------------
     *_same(MEGATRON, "model tokenizer_name_or_path global_batch_size seq_length train_iters "

@@ -9,6 +9,7 @@ and raised as one `ConfigErrors`, so a user fixes a file in one pass.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -151,8 +152,9 @@ def _sections(raw: dict, out: Normalised, problems: list, translated: dict) -> N
                 continue
             _place(out, problems, translated, section, str(key), value,
                    out.sections[section])
-    if isinstance(raw.get("teacher_config"), dict):  # this project's own section, as written
-        out.sections["teacher_config"] = dict(raw["teacher_config"])
+    for section in ("teacher_config", "profiler_config"):  # read as written (schema keys)
+        if isinstance(raw.get(section), dict):
+            out.sections[section] = copy.deepcopy(raw[section])
 
 
 def _stage(stage, algorithm: str, out: Normalised, problems: list) -> None:

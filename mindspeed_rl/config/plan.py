@@ -24,6 +24,7 @@ from mindspeed_rl.config.plan_layout import (accepted_world_sizes, checked_layou
                                              reference_layout_lines)
 from mindspeed_rl.config.plan_memory import memory_bytes, parameters_per_rank, phase_bytes
 from mindspeed_rl.config.plan_text import format_plan, memory_labels, weight_lines
+from mindspeed_rl.config.profiling import profiler_line
 from mindspeed_rl.config.schema import RLJobConfig
 from mindspeed_rl.config.teacher import check_teacher_world, teacher_weight_line
 from mindspeed_rl.parallel.layout import ParallelLayout
@@ -61,6 +62,7 @@ class Plan:
     rollout: str = ""                  # the composed rollout, in words ("" without one)
     pairs: bool = False                # rows are preference pairs (DPO)
     engine: bool = True                # a vLLM engine is built
+    profiler: str = ""                 # what profiler_config records, in words ("" when off)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-ready) of every number the table shows."""
@@ -88,6 +90,7 @@ class Plan:
             "weights": list(self.weights),
             "phases": list(self.phases),
             "rollout": self.rollout,
+            "profiler": self.profiler,
             "notices": list(self.notices),
             "warnings": list(self.warnings),
         }
@@ -150,7 +153,8 @@ def _make_plan(config: RLJobConfig, world_size: int) -> Plan:
                 pairs=config.features.pairs, engine=config.features.engine,
                 infer_expert_parallel_size=(tpg * g.infer_expert_parallel_size
                                             if g.enable_expert_parallel and m.is_moe else None),
-                layout_notes=tuple(layout_notes(config, layout)))
+                layout_notes=tuple(layout_notes(config, layout)),
+                profiler=profiler_line(config, world_size))
 
 
 def _teacher_lines(config: RLJobConfig, world_size: int) -> list[str]:

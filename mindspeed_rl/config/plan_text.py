@@ -30,7 +30,8 @@ def format_plan(plan: Plan, header: str | None = None) -> str:
     lines += ["initial weights"] + [f"  {line}" for line in plan.weights] + [""]
     if plan.phases:
         lines += [f"phases: {' -> '.join(plan.phases)}", *([plan.rollout] if plan.rollout
-                                                          else []), ""]
+                                                          else []),
+                  *([plan.profiler] if plan.profiler else []), ""]
     rows = _pair_rows(plan.samples) if plan.pairs else _sample_rows(plan.samples)
     # one label column for the samples, micro-batches and parameters tables
     width = max(len(label) for label, _ in rows) + 2

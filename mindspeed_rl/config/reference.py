@@ -30,7 +30,8 @@ def _type_name(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        return " or ".join(_type_name(a) for a in inner) + " or null"
+        null = " or null" if type(None) in args else ""
+        return " or ".join(_type_name(a) for a in inner) + null
     if origin is Literal:
         return "|".join(str(a) for a in args)
     if origin is tuple:
@@ -63,8 +64,9 @@ def _table(cls: type, title: str, note: str = "") -> list[str]:
             continue
         doc = f.metadata.get("doc", "") + (" (path)" if f.metadata.get("path") else "")
         doc = doc.replace("|", "\\|")
-        lines.append(f"| `{f.name}` | {_type_name(hints[f.name])} | {_default(f)} | {doc} |")
-    out = lines + [""]
+        kind = _type_name(hints[f.name]).replace("|", "\\|")
+        lines.append(f"| `{f.name}` | {kind} | {_default(f)} | {doc} |")
+    out = lines + [""] if len(lines) > 4 else []  # a section of sections: its tables only
     for sub, name in nested:
         out += _table(sub, name)
     return out

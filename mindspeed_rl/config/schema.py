@@ -617,6 +617,56 @@ class TeacherConfig:
         "every token's advantage next to the reverse KL; 0 = pure distillation"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProfilerSettings:
+    """``profiler_config.integrated``: torch's profiler around phases or whole iterations, with
+    MindSpeed-RL's keys (docs/performance.md, "torch's profiler on chosen phases")."""
+
+    profile: bool = setting(False, "record torch.profiler traces (every other key needs it)")
+    mstx: bool = setting(False, (
+        "MindSpeed-RL's lightweight markers: here an NVTX range around every phase of every "
+        "iteration when CUDA is present (what Nsight Systems shows); nothing on CPU"))
+    stage: str | tuple[str, ...] = setting("all", (
+        "what is profiled: all (whole iterations), or one or a list of MindSpeed-RL's "
+        "stages (actor_generate, actor_compute_log_prob, reference_compute_log_prob, "
+        "critic_compute_values, actor_update, critic_update) or of this job's phase names "
+        "(the dry run's 'phases:' line, e.g. resharding_to_infer)"))
+    profile_save_path: str | None = setting(None, (
+        "folder of the traces: <path>/<stage>/rank<r>_iter<k>.pt.trace.json; null or empty "
+        "= megatron_training.log_dir/profiler_data"), path=True)
+    profile_export_type: Literal["text", "db"] = setting("text", (
+        "text: Chrome trace JSON (chrome://tracing, Perfetto, TensorBoard); db is torch_npu's "
+        "database format, written as text here (a notice says so)"))
+    profile_level: Literal["level_none", "level0", "level1", "level2"] = setting("level0", (
+        "torch_npu's collection level on Ascend; torch's profiler has no levels and records "
+        "every operator (accepted for MindSpeed-RL's configs)"))
+    profile_with_memory: bool = setting(False, "record tensor allocations (profile_memory)")
+    profile_record_shapes: bool = setting(False, "record operator input shapes")
+    profile_with_cpu: bool = setting(True, "record host-side operators (ProfilerActivity.CPU)")
+    profile_with_npu: bool = setting(True, (
+        "record the accelerator's kernels (ProfilerActivity.CUDA when CUDA is present)"))
+    profile_with_module: bool = setting(False, "record Python call stacks (with_stack)")
+    profile_step_start: int = setting(1, (
+        "first profiled iteration, counted from 1 at the start of this launch (as "
+        "MindSpeed-RL counts, also after a resume)"))
+    profile_step_end: int = setting(2, "first iteration no longer profiled (the range is "
+                                       "[profile_step_start, profile_step_end))")
+    profile_analysis: bool = setting(False, (
+        "also write each trace's operator summary (key_averages, sorted by self time) as "
+        "a .txt next to it"))
+    profile_ranks: str | tuple[int, ...] = setting("all", "all, or the list of ranks that "
+                                                          "record, e.g. [0]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfilerConfig:
+    """``profiler_config``: MindSpeed-RL's profiler section; only its ``integrated`` role (every
+    role shares the actor's ranks)."""
+
+    integrated: ProfilerSettings = setting(ProfilerSettings, "the profiler of the co-located "
+                                                             "roles")
+
+
 # YAML section name -> its dataclass; the order is the order of the docs and of to_dict().
 SECTIONS: dict[str, type] = {
     "megatron_training": MegatronTrainingConfig,
@@ -627,6 +677,7 @@ SECTIONS: dict[str, type] = {
     "critic_config": CriticConfig,
     "reward_config": RewardConfig,
     "teacher_config": TeacherConfig,
+    "profiler_config": ProfilerConfig,
 }
 # Sections a job may leave out entirely (None in RLJobConfig when absent).
 OPTIONAL_SECTIONS = frozenset({"critic_config", "reward_config", "teacher_config"})
@@ -653,6 +704,7 @@ class RLJobConfig:
     config_path: str
     algorithm: str = "grpo"  # a registered family (mindspeed_rl/algorithms/registry.py)
     ref_config: RefConfig = field(default_factory=RefConfig)
+    profiler_config: ProfilerConfig = field(default_factory=ProfilerConfig)
     # MindSpeed-RL keys accepted without effect, with the reason (printed once at start-up).
     notices: tuple[str, ...] = ()
     # values MindSpeed-RL accepts that run as MindSpeed-RL runs them, though they look wrong

@@ -127,8 +127,14 @@ def coerce_value(value: Any, tp: Any, dotted: str, *, overridden: frozenset[str]
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return coerce_value(value, inner, dotted, overridden=overridden, example=example,
+        *first, last = [a for a in args if a is not type(None)]
+        for inner in first:  # ``str | tuple[str, ...]``: the first type that takes the value
+            try:
+                return coerce_value(value, inner, dotted, overridden=overridden,
+                                    source=source, doc=doc, elsewhere=elsewhere)
+            except ConfigError:
+                pass
+        return coerce_value(value, last, dotted, overridden=overridden, example=example,
                             source=source, doc=doc, elsewhere=elsewhere)
     if origin is Literal:
         if value in args and not isinstance(value, bool):

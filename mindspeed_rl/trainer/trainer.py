@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from mindspeed_rl.algorithms import KLController
 from mindspeed_rl.metrics import MetricsLogger, Timers, rank0_progress
+from mindspeed_rl.metrics.timers import add_phase_observer, remove_phase_observer
 from mindspeed_rl.rewards import reward_pool_for
 from mindspeed_rl.trainer.context import (BoundFlow, IterationState, PhaseContext, Ranks,
                                           TrainerState)
@@ -57,6 +58,7 @@ class RLTrainer(Stateful):
         if start is None:
             self.load_checkpoint(config.actor_config.load)
         self.timers = Timers(synchronize=platform.synchronize)
+        self.profiler = _profiler(config, self.rank, self.world)
         self.efficiency = _efficiency(config, platform, self.roles.actor.model)
         self.logger = MetricsLogger(
             mt.log_dir, rank=self.rank, total_iterations=mt.train_iters,
@@ -289,6 +291,9 @@ class RLTrainer(Stateful):
         self.flow.dock.warehouse.load_state_dict(cells or {})
 
     def close(self) -> None:
+        if getattr(self, "profiler", None) is not None:
+            remove_phase_observer(self.profiler.observe)
+            self.profiler.close()
         if getattr(self, "reward_pool", None) is not None:
             self.reward_pool.close()
         self.roles.shutdown()
@@ -385,6 +390,21 @@ def _efficiency(config, platform, model):
 
     return PhaseEfficiency(config.model, counted=counts_in_train_layout(),
                            device=platform.device(), dtype=model.config.params_dtype)
+
+
+def _profiler(config, rank: int, world: int):
+    """``profiler_config.integrated``: this rank's phase profiler, observing every phase
+    (None when the rank does not record)."""
+    from mindspeed_rl.config.profiling import profiled_phases, recording_ranks, trace_folder
+    from mindspeed_rl.metrics.profiler import PhaseProfiler
+
+    settings = config.profiler_config.integrated
+    if not settings.profile or rank not in recording_ranks(settings, world):
+        return None
+    profiler = PhaseProfiler(settings, targets=profiled_phases(config), rank=rank,
+                             folder=trace_folder(config))
+    add_phase_observer(profiler.observe)
+    return profiler
 
 
 def _layouts(layout) -> dict:

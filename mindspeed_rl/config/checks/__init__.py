@@ -11,12 +11,14 @@ from mindspeed_rl.config.checks import (algorithm_roles, dapo_clip, generation_f
                                         reward_scoring, rollout_staleness, routing_replay,
                                         tool_turns, training_features)
 from mindspeed_rl.config.preference import check_not_pairwise, check_preference_job
+from mindspeed_rl.config.profiling import check_profiler
 from mindspeed_rl.config.teacher import check_teacher
 
 
 def check_job(config) -> None:
     """Raise `ConfigError` for the first inconsistency found (model, ranges, cross-key)."""
     model_ranges.check_model_ranges(config)
+    check_profiler(config)
     if config.features.pairs:  # DPO: no rollout, no reward (config/preference.py)
         training_features.check_training_features(config)
         check_preference_job(config)

@@ -5,6 +5,11 @@ Run under torchrun, with the launcher's arguments::
     torchrun --nproc_per_node 2 benchmarks/bench_grpo.py --config configs/grpo_tiny_test.yaml \\
         [--iterations 3] [--warmup 1] [dotted.key=value ...]
 
+Side by side with another commit (this checkout and REV alternating, ``--rounds`` each; a
+speed claim on this machine is a ratio of runs made together)::
+
+    python benchmarks/bench_grpo.py --against HEAD~3 --rounds 2 --config ... [overrides]
+
 The trainer is built exactly as ``pretrain_grpo.py`` builds it (the shared
 bootstrap ``mindspeed_rl.trainer.launch``: load_job, trainer_session), with checkpoint
 saving and evaluation switched off (``actor_config.save=null``,
@@ -76,6 +81,7 @@ time is in ``timing/all``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -94,6 +100,9 @@ examples:
       megatron_training.model=/tmp/tiny/qwen2 megatron_training.data_path=/tmp/arith/train.jsonl
   torchrun --nproc_per_node 2 benchmarks/bench_grpo.py --config configs/grpo_smollm2_demo.yaml \\
       --iterations 3
+
+  python benchmarks/bench_grpo.py --against main --config configs/grpo_smollm2_demo.yaml \
+      --iterations 3   # this checkout vs main, A B then B A; prints both and the ratio
 
 The options below are added to the config before your overrides (yours win):
   megatron_training.log_dir=<--log-dir>
@@ -123,9 +132,19 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--matmul-peak", action=argparse.BooleanOptionalAction, default=True,
                    help="after the run, measure an fp32 matmul on every rank at once to compare "
                         "achieved_gflops_per_device with (default: on)")
+    p.add_argument("--against", metavar="REV",
+                   help="not under torchrun: run this checkout and commit REV side by side "
+                        "(a git worktree), alternating, --rounds times each, and print both "
+                        "and their ratio (benchmarks/against.py)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="with --against: runs of each side (default 2: A B, B A)")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="with --against: torchrun's --nproc_per_node (default 2)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted config overrides, e.g. rl_config.n_samples_per_prompt=8")
     args = p.parse_intermixed_args(argv)
+    if args.rounds < 1 or args.nproc < 1:
+        p.error(f"--rounds and --nproc must be >= 1 (got {args.rounds}, {args.nproc})")
     if args.iterations < 1:
         p.error(f"--iterations must be >= 1 (got {args.iterations})")
     if args.warmup < 0:
@@ -310,6 +329,8 @@ def main(argv=None) -> int:
     from mindspeed_rl.trainer.launch import load_job
 
     args = _parse(argv)
+    if args.against:
+        return _side_by_side(args, sys.argv[1:] if argv is None else list(argv))
     overrides = [f"megatron_training.log_dir={args.log_dir}", *args.overrides,
                  "actor_config.save=null", "megatron_training.test_data_path=null", "megatron_training.test_interval=0",
                  f"megatron_training.train_iters={args.warmup + args.iterations}"]
@@ -324,6 +345,29 @@ def main(argv=None) -> int:
         result = run(args, config, plan)
         if result is not None:
             emit(result)
+    return 0
+
+
+def _side_by_side(args, argv: list[str]) -> int:
+    """``--against REV``: this driver (not a rank) runs both trees' bench_grpo.py."""
+    from against import side_by_side
+
+    if "LOCAL_RANK" in os.environ:
+        print(f"{PROG}: error: --against drives torchrun itself; run it with python, not "
+              "under torchrun", file=sys.stderr)
+        return 2
+    own = {"--against", "--rounds", "--nproc"}
+    passed, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in own:
+            skip = True
+        elif a.split("=", 1)[0] not in own:
+            passed.append(a)
+    result = side_by_side(args.against, "benchmarks/bench_grpo.py", passed,
+                          rounds=args.rounds, nproc=args.nproc)
+    print(json.dumps(result))
     return 0
 
 

@@ -155,3 +155,90 @@ def test_bench_grpo_puts_each_phase_over_its_own_compute_floor(tmp_path):
     assert ratios["timing/all"] == round(41.0 / (sum(flops.values()) / at_peak), 3)
     assert ratios["timing/old_log_p"] is None  # on-policy: no such phase
     assert out["compute_floor_s"] == round(sum(flops.values()) / at_peak, 3)
+
+
+FAKE_BENCH = '''import argparse, json, os, pathlib
+p = argparse.ArgumentParser()
+p.add_argument("--log-dir")
+p.add_argument("--speed")
+args = p.parse_args()
+assert os.path.isdir(args.log_dir)
+seconds = float(pathlib.Path(__file__).with_name("seconds.txt").read_text())
+print(json.dumps({"timing/all": seconds * float(args.speed), "model": "m", "ok": True,
+                  "world": int(os.environ.get("WORLD_SIZE", 0)),
+                  "times_compute_floor": {"timing/all": seconds / 2}}))
+'''
+
+
+def test_against_runs_both_commits_alternating_and_prints_their_ratio(tmp_path):
+    """bench_grpo.py --against REV's driver with a git history of its own: REV's script is
+    REV's (a worktree), each side runs under torchrun from the caller's directory with the
+    same arguments, the order alternates, and the ratio is this / REV."""
+    from against import side_by_side
+
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "benchmarks" / "bench.py").write_text(FAKE_BENCH)
+    seconds = repo / "benchmarks" / "seconds.txt"
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                       check=True, capture_output=True)
+    git("init", "-q")
+    seconds.write_text("4.0")
+    git("add", ".")
+    git("commit", "-qm", "slow")
+    seconds.write_text("3.0")
+    git("commit", "-qam", "fast")
+    out = side_by_side("HEAD~1", "benchmarks/bench.py", ["--speed", "2"], rounds=1, nproc=1,
+                       repo=repo)
+    assert out["order"] == [["this", "against"]]
+    assert out["timing/all_per_round"] == {"this": [6.0], "against": [8.0]}
+    assert out["ratio"] == {"timing/all": 0.75}
+    assert out["this_side"]["times_compute_floor/timing/all"] == 1.5
+    assert out["this_side"]["world"] == out["against_side"]["world"] == 1  # under torchrun
+    assert "model" not in out["this_side"] and "ok" not in out["this_side"]
+    assert out["against"] == subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=repo, text=True,
+                                            capture_output=True).stdout.strip()
+    assert not out["this"].endswith("uncommitted changes")
+    # the worktree and the logs are gone, the repository is as it was
+    assert "bench_against_" not in subprocess.run(["git", "worktree", "list"], cwd=repo,
+                                                  text=True, capture_output=True).stdout
+    # the order alternates round by round (a runner without torchrun: the order only)
+    seen = []
+
+    def plain(tree, script, args, nproc, log):
+        seen.append(tree == repo)
+        return json.loads(subprocess.run([sys.executable, str(tree / script), *args],
+                                         capture_output=True, text=True).stdout)
+    out = side_by_side("HEAD~1", "benchmarks/bench.py", ["--speed", "1"], rounds=3, nproc=1,
+                       run=plain, repo=repo)
+    assert seen == [True, False, False, True, True, False]
+    assert out["order"] == [["this", "against"], ["against", "this"], ["this", "against"]]
+    with pytest.raises(SystemExit, match="--against nope: not a commit of"):
+        side_by_side("nope", "benchmarks/bench.py", [], rounds=1, nproc=1, repo=repo)
+
+
+def test_tune_layout_times_only_the_layouts_the_plan_accepts_and_memory_fits(tmp_path, capsys):
+    """tools/tune_layout.py's candidates at 2 ranks: a model of 3 heads refuses TP 2 (the dry
+    run's reason is given); a memory limit below the plan skips the rest, and with nothing
+    left it stops before launching anything."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from tune_layout import candidates, main
+
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
+
+    model = make_tiny_hf_dir("llama", tmp_path / "llama", num_attention_heads=3,
+                             num_key_value_heads=1, hidden_size=96)
+    demo = [str(ROOT / "configs" / "grpo_smollm2_demo.yaml"), [f"megatron_training.model={model}"]]
+    found = {name: (plan is not None, why) for name, _, plan, why in
+             candidates(*demo, 2, 2 ** 40)}
+    assert list(found) == ["TP1 PP1 DP2", "TP1 PP2 DP1", "TP2 PP1 DP1"]
+    assert found["TP1 PP1 DP2"] == found["TP1 PP2 DP1"] == (True, "")
+    assert found["TP2 PP1 DP1"][0] is False
+    assert "does not divide the model's num_attention_heads=3" in found["TP2 PP1 DP1"][1]
+    assert main(["--config", demo[0], "--world-size", "2", "--memory-gib", "0.001",
+                 *demo[1]]) == 2
+    err = capsys.readouterr().err
+    assert "TP1 PP2 DP1: skipped: needs" in err and "over --memory-gib 0.0" in err
+    assert "tune_layout: error: no layout of this world size fits" in err

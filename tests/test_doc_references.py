@@ -109,7 +109,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "mindspeed_rl"
 PY_DIRS = ("mindspeed_rl", "tests", "benchmarks", "tools")
-SKIP_DIRS = {".git", ".venv", ".pytest_cache", "__pycache__", "logs", "outputs", "cache",
+SKIP_DIRS = {".git", ".venv", ".venv-trl", ".pytest_cache", "__pycache__", "logs", "outputs", "cache",
              "node_modules", "build", "dist"}
 TOP_DIRS = {"mindspeed_rl", "tests", "benchmarks", "tools", "shell", "configs", "docs", ".ci"}
 THIS = "tests/test_doc_references.py"

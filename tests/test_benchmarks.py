@@ -242,3 +242,15 @@ def test_tune_layout_times_only_the_layouts_the_plan_accepts_and_memory_fits(tmp
     err = capsys.readouterr().err
     assert "TP1 PP2 DP1: skipped: needs" in err and "over --memory-gib 0.0" in err
     assert "tune_layout: error: no layout of this world size fits" in err
+
+
+def test_compare_suite_time_balances_the_modules_and_refuses_a_non_clone(tmp_path):
+    """tools/compare_suite_time.py: the heaviest module first, each to the lightest group;
+    a module of one clone only is still placed (it runs where it exists)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from compare_suite_time import chunks, main
+
+    groups = chunks({"a", "b", "c", "d", "new"}, {"a": 100, "b": 60, "c": 50, "d": 10}, 2)
+    assert groups == [["a", "new"], ["b", "c", "d"]]  # an unknown module weighs 30 s
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), str(ROOT)])

@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from json_report import run_for_json  # benchmarks/ is on sys.path (bench_grpo.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -46,14 +48,7 @@ def run_side(tree: Path, script: str, args: list[str], nproc: int, log: Path) ->
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", str(nproc), str(tree / script), *args]
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with open(log, "w") as err:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = log.read_text()[-2000:]
-        raise SystemExit(f"--against: {tree / script} failed (exit {proc.returncode}); its "
-                         f"stderr is {log}, ending:\n{tail}")
-    return json.loads(lines[-1])
+    return run_for_json(cmd, log, what=f"--against: {tree / script}", env=env)
 
 
 def _numbers(result: dict, prefix: str = "") -> dict[str, float]:

@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from json_report import run_for_json  # noqa: E402
 TRL_VENV = ROOT / ".venv-trl"
 TRL_PIN = "trl==1.16.0"
 TORCH_PIN = "torch==2.13.0"  # the project's build (shell/setup_env.sh), so both use one torch
@@ -67,7 +69,8 @@ def ensure_demo_assets() -> None:
 def run_trl(python: Path, steps: int, work: Path) -> list[float]:
     cmd = [str(python), str(ROOT / "benchmarks" / "trl_grpo_runner.py"), "--model", str(MODEL),
            "--data", str(DATA), "--steps", str(steps), "--out", str(work / "trl")]
-    return _last_json(cmd, work / "trl.log", env=_without_project())["seconds_per_step"]
+    return run_for_json(cmd, work / "trl.log", what="bench_vs_trl: TRL",
+                        env=_without_project(), cwd=ROOT)["seconds_per_step"]
 
 
 def run_project(steps: int, work: Path) -> list[float]:
@@ -77,23 +80,13 @@ def run_project(steps: int, work: Path) -> list[float]:
            "--log-dir", str(work / "project_logs"),
            "generate_config.sampling_config.max_tokens=16", "rl_config.init_kl_coef=0.04",
            "actor_config.lr=1e-5"]
-    return _last_json(cmd, work / "project.log")["per_iteration_seconds"]
+    return run_for_json(cmd, work / "project.log", what="bench_vs_trl: this project",
+                        cwd=ROOT)["per_iteration_seconds"]
 
 
 def _without_project() -> dict:
     """TRL's environment: this project's venv and paths left out."""
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-
-
-def _last_json(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    with open(log, "w") as err:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT,
-                              env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"bench_vs_trl: {cmd[1]} failed (exit {proc.returncode}); "
-                         f"its log {log} ends:\n{log.read_text()[-2000:]}")
-    return json.loads(lines[-1])
 
 
 def main(argv=None) -> int:

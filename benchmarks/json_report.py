@@ -28,3 +28,21 @@ def stdout_reserved_for_json() -> Iterator[Callable[[dict], None]]:
         sys.stderr.flush()
         os.dup2(real_stdout, 1)
         os.close(real_stdout)
+
+
+def run_for_json(cmd: list[str], log, *, what: str, env: dict | None = None,
+                 cwd=None) -> dict:
+    """Run a benchmark command, its stderr to the file ``log``; return the JSON object of its
+    last stdout line. A failure ends the caller with ``what``, the exit code and the log's end."""
+    import subprocess
+
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                              cwd=cwd)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        with open(log) as f:
+            tail = f.read()[-2000:]
+        raise SystemExit(f"{what} failed (exit {proc.returncode}); its stderr is {log}, "
+                         f"ending:\n{tail}")
+    return json.loads(lines[-1])

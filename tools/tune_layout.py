@@ -24,14 +24,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from json_report import run_for_json  # noqa: E402
 from mindspeed_rl.config import ConfigError, load_config, make_plan  # noqa: E402
 
 GIB = 1024 ** 3
@@ -85,13 +86,7 @@ def time_layout(config: str, overrides: list[str], world: int, budgets: str,
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            str(world), str(ROOT / "benchmarks" / "bench_micro_batches.py"), "--config", config,
            "--variants", budgets, "--repeats", "1", *overrides]
-    with open(log, "w") as err:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"tune_layout: the run at {' '.join(overrides)} failed (exit "
-                         f"{proc.returncode}); its log {log} ends:\n{log.read_text()[-2000:]}")
-    return json.loads(lines[-1])
+    return run_for_json(cmd, log, what=f"tune_layout: the run at {' '.join(overrides)}")
 
 
 def main(argv=None) -> int:

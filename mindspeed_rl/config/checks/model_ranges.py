@@ -83,6 +83,7 @@ def _check_ranges(config: RLJobConfig) -> None:
         "generate_config.max_num_seqs": gen.max_num_seqs,
         "generate_config.max_model_len": gen.max_model_len,
         "generate_config.max_num_batched_tokens": gen.max_num_batched_tokens,
+        "generate_config.block_size": gen.block_size,
         "generate_config.resharding_bucket_mb": gen.resharding_bucket_mb,
         "generate_config.sampling_config.max_tokens": sampling.max_tokens,
         "actor_config.lr": actor.lr,

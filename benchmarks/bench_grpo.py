@@ -39,6 +39,9 @@ goes to stderr) with
 * ``times_compute_floor``: ``timing/all`` and each phase's timing (update, reference
   forward, old log-probs, rollout) over that phase's own FLOPs at the same peak (medians
   over the timed iterations; null without a peak or for a phase that did not run);
+* ``times_trainer_floor`` and ``floors_s``: the rollout over ``perf/rollout_floor_s`` and
+  each resharding over its ``perf/resharding_*_floor_s`` (its bytes at the bandwidths the
+  resharder measured: ``mindspeed_rl/resharding/floor.py``), medians, and those floors;
 * ``padding_efficiency`` and ``mfu_by_phase_trainer``: the trainer's
   ``perf/padding_efficiency/<phase>`` (real tokens / computed positions) and
   ``perf/mfu/<phase>`` (medians), and ``micro_batching``: each phase's micro-batch
@@ -232,6 +235,12 @@ PHASE_TIMINGS = {"train": "timing/update", "ref": "timing/reference_model",
                  "old": "timing/old_log_p", "rollout": "timing/rollout"}
 
 
+# a phase's timing and the floor the trainer logs for it
+TRAINER_FLOORS = {"timing/rollout": "perf/rollout_floor_s",
+                  "timing/resharding_to_infer": "perf/resharding_to_infer_floor_s",
+                  "timing/resharding_to_train": "perf/resharding_to_train_floor_s"}
+
+
 def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_ref: bool,
               world: int, matmul_peak: float | None, threads: int, device: str) -> dict:
     mt, rl = config.megatron_training, config.rl_config
@@ -288,6 +297,14 @@ def summarize(args, config, plan, timed: list[dict], *, on_policy: bool, with_re
         # How many times its compute floor each phase and the iteration took (medians).
         "times_compute_floor": {k: _round(_median(p["times_floor"][k] for p in per_iter), 3)
                                 for k in ("timing/all", *PHASE_TIMINGS.values())},
+        # The phases that are not training compute over the floors the trainer logs: the
+        # rollout's FLOPs at the peak, each resharding's bytes at the measured bandwidths.
+        "times_trainer_floor": {
+            timing: _round(_median(m[timing] / m[floor] for m in timed
+                                   if m.get(timing) and m.get(floor)), 3)
+            for timing, floor in TRAINER_FLOORS.items()},
+        "floors_s": {floor: _round(_median(m.get(floor) for m in timed), 4)
+                     for floor in TRAINER_FLOORS.values()},
         # The trainer's own accounting (mindspeed_rl.engine.efficiency), per phase.
         "padding_efficiency": {k.split("/", 2)[2]: _round(_median(m.get(k) for m in timed))
                                for k in sorted({k for m in timed for k in m

@@ -141,8 +141,9 @@ def test_bench_grpo_puts_each_phase_over_its_own_compute_floor(tmp_path):
                          [f"megatron_training.model={tmp_path / 'llama'}"], check_data=False)
     plan = make_plan(config, 2)
     timed = [{"timing/all": 40.0 + i, "timing/update": 20.0 + i, "timing/reference_model": 7.0,
-              "timing/rollout": 8.0, "prompt_length/mean": 39.0, "response_length/mean": 24.0}
-             for i in range(3)]
+              "timing/rollout": 8.0, "prompt_length/mean": 39.0, "response_length/mean": 24.0,
+              "timing/resharding_to_infer": 2.0 + i, "perf/resharding_to_infer_floor_s": 0.25,
+              "perf/rollout_floor_s": 4.0 - i} for i in range(3)]
     out = summarize(Namespace(iterations=3, warmup=1), config, plan, timed, on_policy=True,
                     with_ref=True, world=2, matmul_peak=50.0, threads=1, device="cpu")
     flops = iteration_flops(config.model, prompt_len=39.0, response_len=24.0, num_prompts=8,
@@ -155,6 +156,11 @@ def test_bench_grpo_puts_each_phase_over_its_own_compute_floor(tmp_path):
     assert ratios["timing/all"] == round(41.0 / (sum(flops.values()) / at_peak), 3)
     assert ratios["timing/old_log_p"] is None  # on-policy: no such phase
     assert out["compute_floor_s"] == round(sum(flops.values()) / at_peak, 3)
+    # the floors the trainer logs: rollout 8/4, 8/3, 8/2; resharding 2/.25, 3/.25, 4/.25
+    assert out["times_trainer_floor"] == {"timing/rollout": round(8 / 3, 3),
+                                          "timing/resharding_to_infer": 12.0,
+                                          "timing/resharding_to_train": None}
+    assert out["floors_s"]["perf/resharding_to_infer_floor_s"] == 0.25
 
 
 FAKE_BENCH = '''import argparse, json, os, pathlib
@@ -242,6 +248,29 @@ def test_tune_layout_times_only_the_layouts_the_plan_accepts_and_memory_fits(tmp
     err = capsys.readouterr().err
     assert "TP1 PP2 DP1: skipped: needs" in err and "over --memory-gib 0.0" in err
     assert "tune_layout: error: no layout of this world size fits" in err
+
+
+def test_tune_layout_tries_pipeline_splits_that_lighten_the_last_stage(tmp_path):
+    """--shift N adds the layer splits that move 1 .. N layers off the last stage (it alone
+    runs the vocabulary projection); each becomes a num_layer_list the dry run accepts."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from tune_layout import candidates, stage_splits
+
+    from mindspeed_rl.models.tiny import make_tiny_hf_dir
+
+    assert stage_splits(30, 2, 2) == [None, "16,14", "17,13"]
+    assert stage_splits(30, 1, 2) == [None]
+    assert stage_splits(7, 3, 2) == ["3,2,2", "4,2,1"]  # the last stage keeps a layer
+    assert stage_splits(8, 4, 3) == [None, "3,2,2,1"]
+    model = make_tiny_hf_dir("llama", tmp_path / "llama", num_hidden_layers=4,
+                             num_attention_heads=3, num_key_value_heads=1, hidden_size=96)
+    found = {name: (layout, plan is not None) for name, layout, plan, _ in candidates(
+        str(ROOT / "configs" / "grpo_smollm2_demo.yaml"), [f"megatron_training.model={model}"],
+        2, 2 ** 40, shift=2)}
+    assert list(found) == ["TP1 PP1 DP2", "TP1 PP2 DP1", "TP1 PP2 DP1 [3,1]", "TP2 PP1 DP1"]
+    layout, accepted = found["TP1 PP2 DP1 [3,1]"]
+    assert accepted and "actor_config.num_layer_list=3,1" in layout
+    assert "actor_config.num_layer_list=null" in found["TP1 PP2 DP1"][0]
 
 
 def test_compare_suite_time_balances_the_modules_and_refuses_a_non_clone(tmp_path):

@@ -142,7 +142,8 @@ def swap_body(hf_dir):
     second = step()
     return {"plain": plain, "resharded": [first, second], "identical": identical, "counts": counts,
             "released_param_bytes": released, "report": infer_report.as_dict(),
-            "training_shard": resharder.training_shard_bytes, "gen": resharder.gen_weight_bytes}
+            "training_shard": resharder.training_shard_bytes, "gen": resharder.gen_weight_bytes,
+            "bandwidths": vars(resharder.bandwidths)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,6 +184,15 @@ def test_swap_is_bitwise_and_training_unchanged(hf_dirs):
     assert r["resharded"] == r["plain"]  # bitwise-equal losses with a reshard in between
     # Peak of the transition: at most one bucket above max(training shard, generation weights).
     assert r["report"]["peak_bytes"] <= max(r["training_shard"], r["gen"]) + BUCKET_BYTES
+    # The floor: the bytes received (TP all-gather), swapped out and written into vLLM, each
+    # at the bandwidth measured on the rank (resharding/floor.py)
+    report, bw = r["report"], r["bandwidths"]
+    swapped = report["bytes_moved"] - report["bytes_received"]
+    assert report["bytes_received"] > 0 and swapped > 0 and report["bytes_written"] == r["gen"]
+    assert report["floor_s"] == pytest.approx(report["bytes_received"] / bw["collective"]
+                                              + swapped / bw["host_copy"]
+                                              + r["gen"] / bw["device_copy"])
+    assert 0 < report["floor_s"] < report["seconds"]
 
 
 def bad_input_body(hf_dir, bad_dir):

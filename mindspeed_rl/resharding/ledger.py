@@ -22,6 +22,9 @@ class TransitionReport:
     direction: str  # "to_infer" | "to_train"
     seconds: float = 0.0
     bytes_moved: int = 0  # collective traffic received + host<->device swap traffic
+    bytes_received: int = 0  # of which collective traffic
+    bytes_written: int = 0  # bytes written into the generation engine's weights
+    floor_s: float = 0.0  # those bytes at this rank's measured bandwidths (floor.py)
     peak_bytes: int = 0  # ledger peak during the transition
     resident_bytes_before: int = 0
     resident_bytes_after: int = 0

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from mindspeed_rl.resharding.floor import Bandwidths, measure_bandwidths
 from mindspeed_rl.resharding.ledger import ByteLedger, TransitionReport
 from mindspeed_rl.resharding.swap import (TRAIN_GRAD, TRAIN_OPTIMIZER, TRAIN_PARAM, StateSwapper,
                                           training_state_tensors)
@@ -51,7 +52,8 @@ class Resharder:
     def __init__(self, *, model, model_chunks: Sequence, optimizer, engine, weight_map,
                  bucket_bytes: int, platform, mode: str = "allgather_swap",
                  offload_train_param: bool = True, offload_train_grad: bool = True,
-                 offload_train_optimizer: bool = True, groups: TrainingGroups | None = None) -> None:
+                 offload_train_optimizer: bool = True, groups: TrainingGroups | None = None,
+                 bandwidths: Bandwidths | None = None) -> None:
         if mode not in MODES:
             raise ReshardingError(f"resharding mode {mode!r} is not one of {MODES}")
         self.mode, self.engine, self.platform = mode, engine, platform
@@ -67,19 +69,27 @@ class Resharder:
         # no engine: a job that never generates (DPO without evaluation) keeps the ledger
         self.gen_weight_bytes = engine.weight_bytes() if engine is not None else 0
         self.in_generation = False
+        # what each transition's bytes would take at this rank's bandwidths (floor.py)
+        self.bandwidths = bandwidths or measure_bandwidths(platform.device())
 
     # ---- helpers ---------------------------------------------------------------------
-    def _begin(self, direction: str) -> tuple[TransitionReport, float, int]:
+    def _begin(self, direction: str) -> tuple[TransitionReport, float, tuple[int, int]]:
         self.platform.synchronize()
         self.platform.reset_peak_memory_stats()
         self.ledger.reset_peak()
         report = TransitionReport(direction, resident_bytes_before=self.ledger.resident)
-        return report, time.perf_counter(), self.stream.bytes_received + self.swapper.bytes_moved
+        return report, time.perf_counter(), (self.stream.bytes_received, self.swapper.bytes_moved)
 
-    def _end(self, report: TransitionReport, start: float, moved_before: int) -> TransitionReport:
+    def _end(self, report: TransitionReport, start: float, before: tuple[int, int],
+             written: int = 0) -> TransitionReport:
         self.platform.synchronize()
         report.seconds = time.perf_counter() - start
-        report.bytes_moved = self.stream.bytes_received + self.swapper.bytes_moved - moved_before
+        report.bytes_received = self.stream.bytes_received - before[0]
+        swapped = self.swapper.bytes_moved - before[1]
+        report.bytes_moved = report.bytes_received + swapped
+        report.bytes_written = written
+        report.floor_s = self.bandwidths.floor_s(received=report.bytes_received,
+                                                 swapped=swapped, written=written)
         report.peak_bytes = self.ledger.peak
         report.resident_bytes_after = self.ledger.resident
         report.device_max_memory_allocated = self.platform.max_memory_allocated()
@@ -114,7 +124,7 @@ class Resharder:
             self.engine.load_weights(_without_injected_stale(self.stream.hf_tensors()))
         self.engine.wake_up(["kv_cache"])
         self.in_generation = True
-        return self._end(report, start, moved)
+        return self._end(report, start, moved, written=self.gen_weight_bytes)
 
     @torch.no_grad()
     def to_train(self) -> TransitionReport:

@@ -32,7 +32,8 @@ from mindspeed_rl.trainer.flow import pad_cells, row_batch
 from mindspeed_rl.trainer.off_policy import (mark_off_policy, rollout_is_batch_mean,
                                              staleness_metrics, version_lag)
 from mindspeed_rl.trainer.own_layout import logprobs_in_own_layout
-from mindspeed_rl.trainer.reductions import counts_in_train_layout, global_stats, global_sums
+from mindspeed_rl.trainer.reductions import (counts_in_train_layout, global_max, global_stats,
+                                             global_sums)
 from mindspeed_rl.trainer.rollout_parts import compose
 from mindspeed_rl.transfer_dock import DockBatch
 
@@ -45,15 +46,18 @@ def _mean_of_steps(steps: list[dict[str, float]], prefix: str) -> dict[str, floa
 # generation
 # ---------------------------------------------------------------------------------------
 def resharding_to_infer(ctx: PhaseContext) -> dict[str, float]:
-    """The actor's weights from the training sharding into vLLM (allgather-swap)."""
+    """The actor's weights from the training sharding into vLLM (allgather-swap); its floor
+    is the slowest rank's bytes at that rank's measured bandwidths
+    (``resharding/floor.py``)."""
     report = ctx.roles.resharder.to_infer()
     return {"resharding/peak_transition_bytes": report.peak_bytes,
-            "resharding/bytes_moved": report.bytes_moved}
+            "resharding/bytes_moved": report.bytes_moved,
+            "perf/resharding_to_infer_floor_s": global_max(report.floor_s)}
 
 
 def resharding_to_train(ctx: PhaseContext) -> dict[str, float]:
-    ctx.roles.resharder.to_train()
-    return {}
+    report = ctx.roles.resharder.to_train()
+    return {"perf/resharding_to_train_floor_s": global_max(report.floor_s)}
 
 
 def rollout(ctx: PhaseContext) -> dict[str, float]:

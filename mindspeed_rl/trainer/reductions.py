@@ -21,6 +21,12 @@ def global_stats(name: str, values: list[float], counted: bool) -> dict[str, flo
             f"{name}/min": -extremes[0].item(), f"{name}/max": extremes[1].item()}
 
 
+def global_max(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def global_sums(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t)

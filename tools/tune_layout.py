@@ -1,13 +1,16 @@
 """Choose the training layout by measurement: time every TP x PP x DP that fits, ranked.
 
     python tools/tune_layout.py --config configs/grpo_smollm2_demo.yaml --world-size 2 \\
-        [--budgets 512,1024] [--rounds 2] [--memory-gib 8] [dotted.key=value ...]
+        [--budgets 512,1024] [--rounds 2] [--shift 2] [--memory-gib 8] [dotted.key=value ...]
 
 1. Candidates: every tensor x pipeline x data-parallel split of ``--world-size`` ranks
    (context parallel 1, the config's expert parallel) that the dry run accepts for this
    model (heads divisible by TP, layers by PP, batches by DP, ...) and whose per-rank
    memory plan fits ``--memory-gib`` (default: this machine's memory over the ranks, or
-   the accelerator's); the others are listed with the reason.
+   the accelerator's); the others are listed with the reason. With pipeline stages, also
+   the splits that move 1 .. ``--shift`` layers off the last stage (``num_layer_list``):
+   the last stage alone runs the vocabulary projection and the log-softmax, so an even
+   split leaves the other stages waiting for it.
 2. Timing: ``benchmarks/bench_micro_batches.py`` at each layout, under torchrun: one training
    step's rows of the config (real prompts, ragged responses) through the update and the
    reference forward, each packed micro-batch budget of ``--budgets`` in turns. Layouts run
@@ -49,26 +52,53 @@ def layout_overrides(tp: int, pp: int, sequence_parallel: bool) -> list[str]:
             f"megatron_training.sequence_parallel={str(sequence_parallel and tp > 1).lower()}"]
 
 
-def candidates(config_path: str, overrides: list[str], world: int, limit_bytes: float):
-    """[(name, overrides, plan or None, why not)] for every TP x PP split of ``world``."""
+def stage_splits(num_layers: int, pp: int, shift: int) -> list[str | None]:
+    """``num_layer_list`` values to try at ``pp`` stages: None (the even split) when the
+    layers divide, then the near-even split with 1 .. ``shift`` layers moved off the last
+    stage, one each onto the stages from the first on."""
+    if pp == 1:
+        return [None]
+    base = [num_layers // pp + (1 if i < num_layers % pp else 0) for i in range(pp)]
+    out: list[str | None] = [None] if num_layers % pp == 0 else [",".join(map(str, base))]
+    for moved in range(1, shift + 1):
+        counts = list(base)
+        counts[-1] -= moved
+        for i in range(moved):
+            counts[i % (pp - 1)] += 1
+        if counts[-1] >= 1:
+            out.append(",".join(map(str, counts)))
+    return out
+
+
+def candidates(config_path: str, overrides: list[str], world: int, limit_bytes: float,
+               shift: int = 0):
+    """[(name, overrides, plan or None, why not)] for every TP x PP split of ``world`` (and,
+    with pipeline stages, every split of the layers of ``stage_splits``)."""
     base = load_config(config_path, overrides, check_data=False)
     sp = base.megatron_training.sequence_parallel
     out = []
     for tp in _divisors(world):
         for pp in _divisors(world // tp):
-            name = f"TP{tp} PP{pp} DP{world // (tp * pp)}"
-            layout = layout_overrides(tp, pp, sp)
-            try:
-                plan = make_plan(load_config(config_path, [*overrides, *layout],
-                                             check_data=False), world)
-            except ConfigError as error:
-                out.append((name, layout, None, str(error).splitlines()[0]))
-                continue
-            need = max(plan.phase_bytes["training_phase"], plan.phase_bytes["generation_phase"])
-            why = (f"needs {need / GIB:.1f} GiB per rank, over --memory-gib "
-                   f"{limit_bytes / GIB:.1f}" if need > limit_bytes else "")
-            out.append((name, layout, plan, why))
+            for layers in stage_splits(base.model.num_hidden_layers, pp, shift):
+                out.append(_candidate(config_path, overrides, world, limit_bytes, tp, pp, sp,
+                                      layers))
     return out
+
+
+def _candidate(config_path, overrides, world, limit_bytes, tp, pp, sp, layers):
+    """(name, overrides, plan or None, why not) of one layout."""
+    name = f"TP{tp} PP{pp} DP{world // (tp * pp)}" + (f" [{layers}]" if layers else "")
+    layout = [*layout_overrides(tp, pp, sp),
+              f"actor_config.num_layer_list={layers if layers else 'null'}"]
+    try:
+        plan = make_plan(load_config(config_path, [*overrides, *layout], check_data=False),
+                         world)
+    except ConfigError as error:
+        return name, layout, None, str(error).splitlines()[0]
+    need = max(plan.phase_bytes["training_phase"], plan.phase_bytes["generation_phase"])
+    why = (f"needs {need / GIB:.1f} GiB per rank, over --memory-gib {limit_bytes / GIB:.1f}"
+           if need > limit_bytes else "")
+    return name, layout, plan, why
 
 
 def default_memory_bytes(world: int) -> float:
@@ -98,15 +128,18 @@ def main(argv=None) -> int:
                         "%(default)s)")
     p.add_argument("--rounds", type=int, default=2, help="timings of each layout (default 2)")
     p.add_argument("--memory-gib", type=float, help="memory per rank the plan must fit")
+    p.add_argument("--shift", type=int, default=2,
+                   help="with pipeline stages, also try moving 1 .. N layers off the last "
+                        "stage (default %(default)s)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_intermixed_args(argv)
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
-    if not budgets or not all(b.isdigit() for b in budgets) or args.rounds < 1:
-        p.error("--budgets must be token counts like 512,1024 and --rounds >= 1")
+    if not budgets or not all(b.isdigit() for b in budgets) or args.rounds < 1 or args.shift < 0:
+        p.error("--budgets must be token counts like 512,1024, --rounds >= 1, --shift >= 0")
     variants = ",".join(f"packed:{b}" for b in budgets)
     limit = args.memory_gib * GIB if args.memory_gib else default_memory_bytes(args.world_size)
     try:
-        found = candidates(args.config, args.overrides, args.world_size, limit)
+        found = candidates(args.config, args.overrides, args.world_size, limit, args.shift)
     except ConfigError as error:
         print(f"tune_layout: error: {error}", file=sys.stderr)
         return 2

@@ -13,8 +13,9 @@ import torch
 from mindspeed_rl.platform import setup_platform
 
 
-def _run_python(code: str, env: dict[str, str] | None = None, pythonpath: str | None = None):
-    full_env = dict(os.environ, **(env or {}))
+def _run_python(code: str, env: dict[str, str] | None = None, pythonpath: str | None = None,
+                without: tuple[str, ...] = ()):
+    full_env = {k: v for k, v in dict(os.environ, **(env or {})).items() if k not in without}
     if pythonpath:
         full_env["PYTHONPATH"] = pythonpath + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
@@ -72,13 +73,34 @@ def test_broken_torch_npu_names_the_failed_import(tmp_path):
     assert "libascendcl.so" in proc.stdout and "set_env.sh" in proc.stdout
 
 
+def _transparent_huge_pages_offered() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
 def test_forced_device_env():
+    """MINDSPEED_RL_DEVICE=cpu skips detection. On CPU, setup_platform also sets PyTorch's
+    THP_MEM_ALLOC_ENABLE=1 before any large allocation (docs/performance.md: page faults of
+    4 KiB pages made allocating big tensors several times slower): a 64 MiB tensor then
+    lies in 2 MiB pages where the kernel offers them."""
     proc = _run_python(
         """
+        import os, torch
         from mindspeed_rl.platform import setup_platform
         print(setup_platform())
-        """, env={"MINDSPEED_RL_DEVICE": "cpu"})
+        x = torch.ones(16 * 2**20)  # 64 MiB, every page touched
+        rollup = open("/proc/self/smaps_rollup").read().splitlines()
+        huge = [int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:")]
+        print("ENV", os.environ.get("THP_MEM_ALLOC_ENABLE"), "HUGE_KB", huge[0])
+        """, env={"MINDSPEED_RL_DEVICE": "cpu"}, without=("THP_MEM_ALLOC_ENABLE",))
     assert "device_type='cpu'" in proc.stdout, proc.stderr
+    _, env, _, huge_kb = proc.stdout.split()[-4:]
+    assert env == "1"
+    if _transparent_huge_pages_offered():
+        assert int(huge_kb) >= 32 * 1024
     proc = _run_python(
         """
         from mindspeed_rl.platform import PlatformError, setup_platform

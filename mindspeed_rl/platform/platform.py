@@ -124,6 +124,15 @@ def _setup_npu() -> None:
                        "install MindSpeed (see requirements-npu.txt) matching megatron-core.")
 
 
+# PyTorch's CPU allocator puts every tensor of 2 MiB or more in transparent huge pages when
+# THP_MEM_ALLOC_ENABLE=1; it reads the variable once, at the process's first allocation of
+# that size, so it is set before any. In 4 KiB pages each new large tensor pays one page
+# fault per 4 KiB: allocating and zeroing a 113 MB tensor (SmolLM2's embedding gradient,
+# made anew by every micro-batch's backward) took 130-290 ms on this project's CPU machines,
+# 21-35 ms in 2 MiB pages (docs/performance.md). THP_MEM_ALLOC_ENABLE=0 keeps 4 KiB pages.
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
 def setup_platform() -> Platform:
     """Detect the device, install its megatron adaptor, return the Platform (idempotent)."""
     global _PLATFORM
@@ -135,6 +144,7 @@ def setup_platform() -> Platform:
     elif device_type == "cpu":
         from mindspeed_rl.platform import cpu_adaptor
 
+        os.environ.setdefault(HUGE_PAGES_ENV, "1")
         cpu_adaptor.install()
     _PLATFORM = Platform(device_type=device_type, backend=_BACKENDS[device_type])
     return _PLATFORM

@@ -26,8 +26,8 @@ fi
 # Context parallelism on the demo's 2 ranks leaves no room for its 2 pipeline stages:
 # actor_config.context_parallel_size=2 alone runs CP 2 x PP 1 (docs/long_context.md).
 if [[ " $* " == *context_parallel_size=[2-9]* && " $* " != *pipeline_model_parallel_size=* ]]; then
-  echo "[demo] context parallelism on 2 ranks: actor_config.pipeline_model_parallel_size=1 (the demo's PP 2 needs the ranks CP takes)"
-  set -- "$@" actor_config.pipeline_model_parallel_size=1
+  echo "[demo] context parallelism on 2 ranks: actor_config.pipeline_model_parallel_size=1 actor_config.num_layer_list=null (the demo's PP 2 needs the ranks CP takes)"
+  set -- "$@" actor_config.pipeline_model_parallel_size=1 actor_config.num_layer_list=null
 fi
 echo "[demo] $WHAT on 2 CPU ranks (20-40 minutes on 2 cores; docs/results.md lists measured times); metrics: $OUT/logs/metrics.jsonl"
 # mindspeed_rl.fault.torchrun is torchrun whose failures end with their one-line cause.

@@ -138,7 +138,8 @@ def test_bench_grpo_puts_each_phase_over_its_own_compute_floor(tmp_path):
 
     make_tiny_hf_dir("llama", tmp_path / "llama")
     config = load_config(str(ROOT / "configs" / "grpo_smollm2_demo.yaml"),
-                         [f"megatron_training.model={tmp_path / 'llama'}"], check_data=False)
+                         [f"megatron_training.model={tmp_path / 'llama'}",
+                          "actor_config.num_layer_list=null"], check_data=False)
     plan = make_plan(config, 2)
     timed = [{"timing/all": 40.0 + i, "timing/update": 20.0 + i, "timing/reference_model": 7.0,
               "timing/rollout": 8.0, "prompt_length/mean": 39.0, "response_length/mean": 24.0,

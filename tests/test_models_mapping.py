@@ -35,6 +35,31 @@ def test_qkv_round_trip(rest):
     assert all(torch.equal(a, b) for a, b in zip(out, (q, k, v)))
 
 
+def test_to_hf_copies_only_when_asked():
+    """to_hf owns its outputs by default (a converted checkpoint never aliases the model);
+    copy=False (the resharding stream, whose reader copies) gives the same values as views
+    wherever the layout allows, and copies no tensor twice either way."""
+    arch = describe_model(tiny_config("llama"))
+    mg = {n: torch.randn(*shape) for n, shape in [
+        ("decoder.layers.0.mlp.linear_fc1.weight", (512, 128)),
+        ("decoder.layers.0.self_attention.linear_proj.weight", (128, 128)),
+        ("decoder.layers.0.self_attention.linear_qkv.weight", (256, 128)),
+        ("embedding.word_embeddings.weight", (arch.padded_vocab_size, 128))]}
+
+    def shares(t, source):
+        return t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+
+    views = 0
+    for name, full in mg.items():
+        owned = arch.weight_map.to_hf(name, full)
+        light = arch.weight_map.to_hf(name, full, copy=False)
+        assert [n for n, _ in owned] == [n for n, _ in light]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(owned, light))
+        assert not any(shares(t, full) for _, t in owned)
+        views += sum(shares(t, full) for _, t in light)
+    assert views >= 4  # fc1's gate and up, linear_proj, the embedding: no copy
+
+
 def test_gate_up_tp_split_keeps_gate_and_up_per_shard():
     arch = describe_model(tiny_config("llama"))
     name = "decoder.layers.0.mlp.linear_fc1.weight"

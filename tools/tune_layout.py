@@ -74,7 +74,9 @@ def candidates(config_path: str, overrides: list[str], world: int, limit_bytes: 
                shift: int = 0):
     """[(name, overrides, plan or None, why not)] for every TP x PP split of ``world`` (and,
     with pipeline stages, every split of the layers of ``stage_splits``)."""
-    base = load_config(config_path, overrides, check_data=False)
+    # each candidate sets its own num_layer_list (the config's may not fit another split)
+    base = load_config(config_path, [*overrides, "actor_config.num_layer_list=null"],
+                       check_data=False)
     sp = base.megatron_training.sequence_parallel
     out = []
     for tp in _divisors(world):

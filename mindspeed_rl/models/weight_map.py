@@ -88,14 +88,23 @@ def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, geometry: Attent
     return fused.reshape(-1, *rest)
 
 
-def unpack_qkv(fused: torch.Tensor, geometry: AttentionGeometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse of `pack_qkv`: megatron linear_qkv -> (q, k, v) in HF layout."""
+def unpack_qkv(fused: torch.Tensor, geometry: AttentionGeometry, *, copy: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of `pack_qkv`: megatron linear_qkv -> (q, k, v) in HF layout; with
+    ``copy=False`` each may be a view of ``fused`` (one group: no copy at all)."""
     ng, d = geometry.num_query_groups, geometry.head_dim
     q_per_group = geometry.num_attention_heads // ng
     rest = fused.shape[1:]
     grouped = fused.reshape(ng, (q_per_group + 2) * d, *rest)
     q, k, v = torch.split(grouped, [q_per_group * d, d, d], dim=1)
-    return (q.reshape(-1, *rest).clone(), k.reshape(-1, *rest).clone(), v.reshape(-1, *rest).clone())
+    return tuple(_owned(t.reshape(-1, *rest), fused, copy) for t in (q, k, v))
+
+
+def _owned(t: torch.Tensor, source: torch.Tensor, copy: bool) -> torch.Tensor:
+    """``t``, cloned when ``copy`` and it still shares ``source``'s storage (a reshape of a
+    non-contiguous split has already copied)."""
+    shares = t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+    return t.clone() if copy and shares else t
 
 
 def pad_vocab(t: torch.Tensor, padded_vocab_size: int) -> torch.Tensor:
@@ -203,19 +212,22 @@ class WeightMap:
             ) from None
 
     # ---- conversions (full tensors) ----------------------------------------------------
-    def to_hf(self, megatron_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        """One full megatron parameter -> [(hf_name, tensor), ...]; tensors own their storage."""
+    def to_hf(self, megatron_name: str, tensor: torch.Tensor, *, copy: bool = True
+              ) -> list[tuple[str, torch.Tensor]]:
+        """One full megatron parameter -> [(hf_name, tensor), ...]; the tensors own their
+        storage, or with ``copy=False`` may be views of ``tensor`` (for a reader that copies
+        them anyway, as vLLM's weight loaders do)."""
         rule, hf = self._entry(megatron_name)
         g = self.geometry
         if rule.kind == COPY:
-            return [(hf[0], tensor.clone())]
+            return [(hf[0], _owned(tensor, tensor, copy))]
         if rule.kind == VOCAB:
-            return [(hf[0], tensor[: g.vocab_size].clone())]
+            return [(hf[0], _owned(tensor[: g.vocab_size], tensor, copy))]
         if rule.kind == QKV:
-            return list(zip(hf, unpack_qkv(tensor, g)))
+            return list(zip(hf, unpack_qkv(tensor, g, copy=copy)))
         if rule.kind == GATE_UP:
-            gate, up = torch.chunk(tensor, 2, dim=0)
-            return [(hf[0], gate.clone()), (hf[1], up.clone())]
+            return [(name, _owned(half, tensor, copy))
+                    for name, half in zip(hf, torch.chunk(tensor, 2, dim=0))]
         raise AssertionError(rule.kind)
 
     def to_megatron(self, megatron_name: str, hf_tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -161,8 +161,8 @@ class WeightStream:
                     dist.all_gather(shards, local.contiguous(), group=tp_group)
                     self.bytes_received += local.nbytes * (tp_size - 1)
                     full = wm.gather_tp(item.global_name, shards)
-                else:
-                    full = local.clone()
+                else:  # read only (broadcast to the other stages, copied by vLLM)
+                    full = local
             if item.ep_rank is not None and dist.get_world_size(g.ep) > 1:
                 if full is None:
                     full = torch.empty(item.full_shape, dtype=item.dtype, device=self.device)
@@ -195,10 +195,12 @@ class WeightStream:
                 self.ledger.alloc(BUCKET, item.nbytes)
             while gathered:
                 item, full = gathered.pop(0)
-                hf = self.weight_map.to_hf(item.global_name, full)
+                # views of the gathered tensor where the layouts allow: vLLM's loaders copy
+                # them into its own weights (a layer's tensors are held until it is whole)
+                hf = self.weight_map.to_hf(item.global_name, full, copy=False)
                 hf_bytes = sum(t.nbytes for _, t in hf)
                 self.ledger.alloc(BUCKET, hf_bytes)
-                del full  # the HF tensors own their storage (to_hf copies)
+                del full
                 self.ledger.free(BUCKET, item.nbytes)
                 yield from hf
                 del hf

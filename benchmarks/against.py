@@ -9,7 +9,11 @@ It prints one JSON object: each side's medians over the rounds of every number i
 benchmark printed, each side's per-round ``timing/all``, and ``ratio`` = this / REV for
 the timings (below 1: this checkout is faster).
 
-Used by ``bench_grpo.py --against REV [--rounds N] [--nproc N]`` (not under torchrun).
+With ``--own-config`` each side reads the ``--config`` file from its own tree (the demo's
+tuned config against the config as it was at REV); otherwise both read the caller's.
+
+Used by ``bench_grpo.py --against REV [--rounds N] [--nproc N] [--own-config]`` (not under
+torchrun).
 """
 
 from __future__ import annotations
@@ -64,8 +68,11 @@ def _numbers(result: dict, prefix: str = "") -> dict[str, float]:
 
 def side_by_side(rev: str, script: str, args: list[str], *, rounds: int, nproc: int,
                  run: Callable[[Path, str, list[str], int, Path], dict] = run_side,
-                 repo: Path = ROOT) -> dict:
-    """Run ``script`` of this checkout and of ``rev``, alternating, ``rounds`` times each."""
+                 repo: Path = ROOT, own_config: str | None = None) -> dict:
+    """Run ``script`` of this checkout and of ``rev``, alternating, ``rounds`` times each.
+    ``own_config``: a config path inside the checkout that each side reads from its own tree
+    (a comparison of a tuned config with the config as it was at ``rev``), in place of the
+    value of ``--config`` in ``args``."""
     commit = revision(rev, repo)
     work = Path(tempfile.mkdtemp(prefix="bench_against_"))
     other = work / "tree"
@@ -82,8 +89,9 @@ def side_by_side(rev: str, script: str, args: list[str], *, rounds: int, nproc: 
                       flush=True)
                 logs = work / f"{side}_{r}"
                 logs.mkdir()
-                results[side].append(run(tree, script, [*args, "--log-dir", str(logs)], nproc,
-                                         logs / "stderr.log"))
+                side_args = _with_config(args, tree / own_config) if own_config else args
+                results[side].append(run(tree, script, [*side_args, "--log-dir", str(logs)],
+                                         nproc, logs / "stderr.log"))
     finally:
         _git("worktree", "remove", "--force", str(other), cwd=repo)
         shutil.rmtree(work, ignore_errors=True)
@@ -98,6 +106,33 @@ def side_by_side(rev: str, script: str, args: list[str], *, rounds: int, nproc: 
                   if k.startswith("timing/") and medians["against"].get(k)},
         "this_side": medians["this"], "against_side": medians["against"],
     }
+
+
+def _with_config(args: list[str], config: Path) -> list[str]:
+    """``args`` with the value of ``--config`` (either spelling) replaced by ``config``."""
+    out, replace_next = [], False
+    for a in args:
+        if replace_next:
+            out.append(str(config))
+            replace_next = False
+        elif a == "--config":
+            out.append(a)
+            replace_next = True
+        elif a.startswith("--config="):
+            out.append(f"--config={config}")
+        else:
+            out.append(a)
+    return out
+
+
+def own_config_path(config: str, repo: Path = ROOT) -> str:
+    """``config`` relative to the checkout (``--own-config``); a clear error outside it."""
+    try:
+        return str(Path(config).resolve().relative_to(repo))
+    except ValueError:
+        raise SystemExit(f"--own-config: {config} is not a file of {repo}; give the config "
+                         "inside the checkout, which each side then reads from its own tree") \
+            from None
 
 
 def _medians(runs: list[dict[str, float]]) -> dict[str, float]:

@@ -143,6 +143,9 @@ def _parse(argv=None) -> argparse.Namespace:
                    help="with --against: runs of each side (default 2: A B, B A)")
     p.add_argument("--nproc", type=int, default=2,
                    help="with --against: torchrun's --nproc_per_node (default 2)")
+    p.add_argument("--own-config", action="store_true",
+                   help="with --against: each side reads --config from its own tree (a "
+                        "tuned config against the config as it was at REV)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted config overrides, e.g. rl_config.n_samples_per_prompt=8")
     args = p.parse_intermixed_args(argv)
@@ -373,6 +376,8 @@ def _side_by_side(args, argv: list[str]) -> int:
         print(f"{PROG}: error: --against drives torchrun itself; run it with python, not "
               "under torchrun", file=sys.stderr)
         return 2
+    from against import own_config_path
+
     own = {"--against", "--rounds", "--nproc"}
     passed, skip = [], False
     for a in argv:
@@ -380,10 +385,11 @@ def _side_by_side(args, argv: list[str]) -> int:
             skip = False
         elif a in own:
             skip = True
-        elif a.split("=", 1)[0] not in own:
+        elif a.split("=", 1)[0] not in own and a != "--own-config":
             passed.append(a)
     result = side_by_side(args.against, "benchmarks/bench_grpo.py", passed,
-                          rounds=args.rounds, nproc=args.nproc)
+                          rounds=args.rounds, nproc=args.nproc,
+                          own_config=own_config_path(args.config) if args.own_config else None)
     print(json.dumps(result))
     return 0
 

@@ -224,6 +224,21 @@ def test_against_runs_both_commits_alternating_and_prints_their_ratio(tmp_path):
     assert out["order"] == [["this", "against"], ["against", "this"], ["this", "against"]]
     with pytest.raises(SystemExit, match="--against nope: not a commit of"):
         side_by_side("nope", "benchmarks/bench.py", [], rounds=1, nproc=1, repo=repo)
+    # --own-config: each side reads the config from its own tree
+    configs = []
+
+    def recorded(tree, script, args, nproc, log):
+        configs.append(args[args.index("--config") + 1])
+        return {"timing/all": 1.0}
+    side_by_side("HEAD~1", "benchmarks/bench.py", ["--config", "configs/demo.yaml", "x=1"],
+                 rounds=2, nproc=1, run=recorded, repo=repo, own_config="configs/demo.yaml")
+    assert configs[0] == str(repo / "configs/demo.yaml")
+    assert configs[1].endswith("/tree/configs/demo.yaml") and configs[1] == configs[2]
+    from against import own_config_path
+
+    assert own_config_path(str(repo / "configs" / "demo.yaml"), repo) == "configs/demo.yaml"
+    with pytest.raises(SystemExit, match="--own-config: /elsewhere.yaml is not a file of"):
+        own_config_path("/elsewhere.yaml", repo)
 
 
 def test_tune_layout_times_only_the_layouts_the_plan_accepts_and_memory_fits(tmp_path, capsys):

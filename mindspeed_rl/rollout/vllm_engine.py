@@ -317,8 +317,12 @@ def _mla_backend(model_dir: str, dtype: str, device_type: str) -> dict:
     reference CPU_MLA where its AMX backend cannot hold ``dtype``; vLLM's choice otherwise."""
     if device_type != "cpu" or dtype in _AMX_MLA_DTYPES:
         return {}
-    mla = _config_json(model_dir).get("kv_lora_rank") is not None
-    return {"attention_backend": "CPU_MLA"} if mla else {}
+    return {"attention_backend": "CPU_MLA"} if _uses_mla(model_dir) else {}
+
+
+def _uses_mla(model_dir: str) -> bool:
+    """Whether the model attends with multi-latent attention (DeepSeek-V3's kv_lora_rank)."""
+    return _config_json(model_dir).get("kv_lora_rank") is not None
 
 
 # vLLM-CPU's attention takes KV-cache blocks of a multiple of 32 tokens and defaults to
@@ -334,7 +338,7 @@ def _block_size(block_size: int | None, model_dir: str, device_type: str) -> dic
     default elsewhere). vLLM-CPU's reference MLA backend sets 16 itself."""
     if device_type != "cpu":
         return {"block_size": block_size} if block_size else {}
-    if _config_json(model_dir).get("kv_lora_rank") is not None:
+    if _uses_mla(model_dir):
         return {}
     size = block_size or CPU_BLOCK_SIZE
     if size % CPU_BLOCK_SIZE:
